@@ -1,0 +1,1 @@
+"""ortpack components: the KFP component wrappers and, in `components.core`, the library they call."""

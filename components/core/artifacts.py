@@ -1,0 +1,147 @@
+"""Result dataclasses of each step, and how they persist beside the files they describe.
+
+Every step writes into its own directory: its files plus one JSON record (`export.json`,
+`optimize.json`, `parity.json`, `benchmark.json`). That directory is the step's KFP artifact, so
+the next step needs only the path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Self
+
+from components.core.errors import ParityError
+
+
+class _Record:
+    """Save/load a dataclass as `<dir>/<FILE>`."""
+
+    FILE = ""
+
+    def save(self, directory: Path) -> Path:
+        path = Path(directory) / self.FILE
+        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")  # type: ignore[call-overload]
+        return path
+
+    @classmethod
+    def load(cls, directory: Path) -> Self:
+        path = Path(directory) / cls.FILE
+        if not path.is_file():
+            raise ValueError(f"{directory} is not a {cls.__name__} directory (no {cls.FILE})")
+        raw = json.loads(path.read_text())
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportResult(_Record):
+    """A raw ONNX export, its tokenizer, and the PyTorch reference outputs for parity."""
+
+    FILE = "export.json"
+
+    task: str
+    name: str
+    source: dict[str, Any]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    opset: int
+    model_info: dict[str, Any]
+    metrics: dict[str, float]
+    torch_latency: dict[str, dict[str, float]]
+    versions: dict[str, str]
+    model_file: str = "model.onnx"
+    reference_file: str = "reference.npz"
+    tokenizer: dict[str, Any] | None = None
+    pooling: dict[str, Any] | None = None
+    preprocessing: dict[str, Any] | None = None
+    labels: list[str] | None = None
+    extra_files: list[str] = field(default_factory=list)
+
+    def manifest_fields(self) -> dict[str, Any]:
+        """The manifest fields an export determines (everything but variants and files)."""
+        return {
+            "name": self.name,
+            "task": self.task,
+            "source": self.source,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "tokenizer": self.tokenizer,
+            "pooling": self.pooling,
+            "preprocessing": self.preprocessing,
+            "labels": self.labels,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizeResult(_Record):
+    """One variant's optimized graph and what it was built for."""
+
+    FILE = "optimize.json"
+
+    variant_id: str
+    target: str
+    precision: str
+    execution_providers: list[str]
+    ort_version: str
+    opset: int
+    offline_optimization_level: str
+    metrics: dict[str, Any]
+    model_file: str = "model.onnx"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParityReport(_Record):
+    """The parity numbers of one variant against PyTorch, and the gate's verdict."""
+
+    FILE = "parity.json"
+
+    variant_id: str
+    task: str
+    thresholds: dict[str, float]
+    values: dict[str, float]
+    misses: list[str]
+    validated_on: str
+    samples: int
+    per_item: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.misses
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metric names for KFP (`parity.min_cosine`, ..., `parity.passed`)."""
+        out = {f"parity.{k}": float(v) for k, v in self.values.items()}
+        out["parity.passed"] = 1.0 if self.passed else 0.0
+        return out
+
+    def summary(self) -> str:
+        if self.passed:
+            return f"{self.variant_id}: passed"
+        return f"{self.variant_id}: " + "; ".join(self.misses)
+
+    def raise_if_failed(self) -> None:
+        if not self.passed:
+            raise ParityError(f"parity gate missed by {self.summary()}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkResult(_Record):
+    """Latency of one variant per input shape, and its speed-up over PyTorch eager."""
+
+    FILE = "benchmark.json"
+
+    variant_id: str
+    execution_providers: list[str]
+    shapes: dict[str, dict[str, float]]
+    speedup_vs_torch: dict[str, float]
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for shape, stats in self.shapes.items():
+            for stat, value in stats.items():
+                out[f"bench.{stat}.{shape}"] = float(value)
+        for shape, ratio in self.speedup_vs_torch.items():
+            out[f"bench.speedup_vs_torch.{shape}"] = float(ratio)
+        return out

@@ -1,0 +1,54 @@
+"""Step 4: benchmark one variant (it measures; it never fails a build)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+
+from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult
+from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
+from serving.runtime import create_session, plan_session
+
+log = logging.getLogger("ortpack.benchmark")
+
+
+def benchmark_variant(variant_dir: Path, export_dir: Path, *, budget_s: float = 3.0) -> BenchmarkResult:
+    """Latency of the variant in `variant_dir` at the task's benchmark shapes, loaded the way the
+    server loads it; speed-up against the PyTorch eager latency measured at export."""
+    variant_dir, export_dir = Path(variant_dir), Path(export_dir)
+    built = OptimizeResult.load(variant_dir)
+    export = ExportResult.load(export_dir)
+    plan = plan_session(
+        wanted_providers=built.execution_providers,
+        offline_level=built.offline_optimization_level,
+        built_ort_version=built.ort_version,
+    )
+    session = create_session(variant_dir / built.model_file, plan)
+    if export.task != "text-embedding" or export.tokenizer is None:
+        raise ValueError(f"no benchmark shapes for task {export.task!r} yet")
+    input_names = list(export.tokenizer["model_input_names"])
+    shapes: dict[str, dict[str, float]] = {}
+    for key, (batch, seq) in text_bench_shapes(int(export.tokenizer["max_length"])).items():
+        feeds = synthetic_text_batch(batch, seq, input_names, vocab_size=int(export.model_info["vocab_size"]))
+        stats = measure_latency(partial(session.run, None, feeds), budget_s=budget_s)
+        stats["items_per_s"] = batch * 1000.0 / stats["p50_ms"]
+        shapes[key] = stats
+    speedup = {
+        key: export.torch_latency[key]["p50_ms"] / stats["p50_ms"]
+        for key, stats in shapes.items()
+        if key in export.torch_latency
+    }
+    result = BenchmarkResult(
+        variant_id=built.variant_id,
+        execution_providers=plan.providers,
+        shapes=shapes,
+        speedup_vs_torch=speedup,
+    )
+    result.save(variant_dir)
+    log.info(
+        "benchmark %s: %s",
+        built.variant_id,
+        ", ".join(f"{k} p50 {v['p50_ms']:.2f} ms ({speedup.get(k, 0):.1f}x torch)" for k, v in shapes.items()),
+    )
+    return result

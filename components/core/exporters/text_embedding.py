@@ -1,0 +1,408 @@
+"""Export a Hugging Face text-embedding checkpoint with pooling and normalisation in the graph.
+
+Input: a checkpoint directory (config.json, safetensors or weights-only torch weights, a fast
+tokenizer; optionally sentence-transformers' modules.json, 1_Pooling/config.json and
+sentence_bert_config.json). Output graph: `input_ids`, `attention_mask` (and `token_type_ids`
+when the model takes them), all int64 `[batch, sequence]`, to `sentence_embedding` float32
+`[batch, dim]`.
+
+What this does not do: sentence-transformers Dense layers or prompts (a checkpoint whose
+modules.json has modules beyond Transformer/Pooling/Normalize is refused), or models whose
+weights exceed the 2 GB protobuf limit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from components.core.artifacts import ExportResult
+from components.core.errors import ExportError, ModelLoadError
+from components.core.exporters.registry import register_exporter
+from components.core.specs import ExportSpec
+from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
+from components.core.validation_data import validation_sentences
+
+log = logging.getLogger("ortpack.export")
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUT_NAME = "sentence_embedding"
+REFERENCE_BATCH = 32
+_ST_MODULES = {
+    "sentence_transformers.models.Transformer": "transformer",
+    "sentence_transformers.models.Pooling": "pooling",
+    "sentence_transformers.models.Normalize": "normalize",
+}
+
+
+class Pooling(nn.Module):
+    """Pool token embeddings into one sentence embedding, then optionally L2-normalise.
+
+    `mean` averages over real tokens (the attention mask), `cls` takes the first token, `max`
+    takes the maximum over real tokens. Everything stays in the input dtype's float32 math so an
+    fp16 graph can keep this block in fp32.
+    """
+
+    def __init__(self, mode: str, normalize: bool) -> None:
+        super().__init__()
+        self.mode = mode
+        self.normalize = normalize
+
+    def forward(self, token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.mode == "cls":
+            pooled = token_embeddings[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
+            if self.mode == "mean":
+                summed = (token_embeddings * mask).sum(dim=1)
+                pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+            else:
+                pooled = token_embeddings.masked_fill(mask == 0, -1e9).amax(dim=1)
+        if self.normalize:
+            pooled = nn.functional.normalize(pooled, p=2.0, dim=1)
+        return pooled
+
+
+class SentenceEmbedding(nn.Module):
+    """A transformer encoder followed by `Pooling`: the graph that gets exported."""
+
+    def __init__(self, encoder: nn.Module, pooling: Pooling, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        self.input_names = input_names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        kwargs = dict(zip(self.input_names, inputs, strict=True))
+        hidden = self.encoder(**kwargs).last_hidden_state
+        return self.pooling(hidden, kwargs["attention_mask"])
+
+
+def read_pooling_config(model_dir: Path) -> dict[str, Any]:
+    """Pooling mode, normalisation and max length from sentence-transformers configs, if any.
+
+    Without them: mean pooling and L2 normalisation (the sentence-transformers default for
+    embedding models). With modules.json, normalisation is on only if a Normalize module is listed.
+    """
+    config: dict[str, Any] = {"mode": "mean", "normalize": True, "max_seq_length": None}
+    modules_file = model_dir / "modules.json"
+    pooling_dir = model_dir / "1_Pooling"
+    if modules_file.is_file():
+        modules = _read_json(modules_file)
+        kinds = []
+        for module in modules:
+            kind = _ST_MODULES.get(module.get("type", ""))
+            if kind is None:
+                raise ExportError(
+                    f"unsupported sentence-transformers module {module.get('type')!r} in "
+                    f"{modules_file} (supported: Transformer, Pooling, Normalize)"
+                )
+            kinds.append(kind)
+            if kind == "pooling":
+                pooling_dir = model_dir / module.get("path", "1_Pooling")
+        config["normalize"] = "normalize" in kinds
+    pooling_file = pooling_dir / "config.json"
+    if pooling_file.is_file():
+        pooling = _read_json(pooling_file)
+        modes = [
+            m
+            for m in ("cls", "mean", "max")
+            if pooling.get(f"pooling_mode_{m}_token") or pooling.get(f"pooling_mode_{m}_tokens")
+        ]
+        unsupported = [
+            k
+            for k, v in pooling.items()
+            if k.startswith("pooling_mode_")
+            and v
+            and k not in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")
+        ]
+        if unsupported or len(modes) != 1:
+            raise ExportError(f"unsupported pooling configuration in {pooling_file}: {pooling}")
+        config["mode"] = modes[0]
+    st_config = model_dir / "sentence_bert_config.json"
+    if st_config.is_file():
+        config["max_seq_length"] = _read_json(st_config).get("max_seq_length")
+    return config
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"unreadable {path}: {exc}") from None
+
+
+def _check_checkpoint(model_dir: Path) -> Path:
+    if not model_dir.exists():
+        raise ModelLoadError(f"model path not found: {model_dir}")
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model path is not a directory: {model_dir}")
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"not a Hugging Face checkpoint: {model_dir} has no config.json")
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise ModelLoadError(f"no weights in {model_dir} (expected model.safetensors or pytorch_model.bin)")
+
+
+def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint
+        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {_one_line(exc)}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"{model_dir} has no fast tokenizer (tokenizer.json); ortpack ships one")
+    try:
+        # transformers loads .bin files with torch.load(weights_only=True): nothing is unpickled.
+        model = AutoModel.from_pretrained(
+            model_dir,
+            attn_implementation="eager",
+            local_files_only=True,
+            use_safetensors=weights.suffix != ".bin",
+        )
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load weights from {weights}: {_one_line(exc)}") from None
+    return tokenizer, model.eval()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def _max_length(tokenizer: Any, config: Any, pooling_config: dict[str, Any], spec: ExportSpec) -> int:
+    limit = int(getattr(config, "max_position_embeddings", 512) or 512)
+    if spec.max_length is not None:
+        if spec.max_length > limit:
+            raise ExportError(f"max_length {spec.max_length} exceeds the model's {limit} positions")
+        return spec.max_length
+    if pooling_config["max_seq_length"]:
+        return min(int(pooling_config["max_seq_length"]), limit)
+    model_max = int(getattr(tokenizer, "model_max_length", limit) or limit)
+    return min(model_max, limit)
+
+
+def save_tokenizer_json(tokenizer: Any, path: Path) -> None:
+    """Save the fast tokenizer as a bare tokenizer.json: no truncation or padding baked in; the
+    server applies both from the manifest settings."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    backend.save(str(path))
+
+
+def tokenize_reference(
+    tokenizer_file: Path, hf_tokenizer: Any, texts: tuple[str, ...], max_length: int, input_names: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """Tokenize `texts` with the shipped tokenizer.json exactly as the server will, and check it
+    agrees with the checkpoint's own tokenizer (a disagreement would break parity silently)."""
+    from tokenizers import Tokenizer
+
+    shipped = Tokenizer.from_file(str(tokenizer_file))
+    shipped.enable_truncation(max_length)
+    encodings = shipped.encode_batch(list(texts))
+    expected = hf_tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+    mismatched = [i for i, (enc, ids) in enumerate(zip(encodings, expected, strict=True)) if enc.ids != list(ids)]
+    if mismatched:
+        raise ExportError(
+            f"tokenizer.json disagrees with the checkpoint tokenizer on {len(mismatched)} of "
+            f"{len(texts)} validation sentences (first: {texts[mismatched[0]]!r})"
+        )
+    lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+    width = int(lengths.max())
+    pad_id = hf_tokenizer.pad_token_id or 0
+    arrays = {
+        "input_ids": np.full((len(texts), width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((len(texts), width), dtype=np.int64),
+        "token_type_ids": np.zeros((len(texts), width), dtype=np.int64),
+    }
+    for i, enc in enumerate(encodings):
+        n = len(enc.ids)
+        arrays["input_ids"][i, :n] = enc.ids
+        arrays["attention_mask"][i, :n] = 1
+        arrays["token_type_ids"][i, :n] = enc.type_ids
+    out = {name: arrays[name] for name in input_names}
+    out["lengths"] = lengths
+    return out
+
+
+@torch.inference_mode()
+def reference_outputs(
+    module: SentenceEmbedding, inputs: dict[str, np.ndarray], input_names: tuple[str, ...]
+) -> np.ndarray:
+    """PyTorch embeddings of every sentence, in length-sorted batches padded per batch."""
+    lengths = inputs["lengths"]
+    order = np.argsort(lengths, kind="stable")
+    rows: dict[int, np.ndarray] = {}
+    for start in range(0, len(order), REFERENCE_BATCH):
+        idx = order[start : start + REFERENCE_BATCH]
+        width = int(lengths[idx].max())
+        tensors = [torch.from_numpy(inputs[name][idx, :width]) for name in input_names]
+        emb = module(*tensors).float().numpy()
+        for row, i in enumerate(idx):
+            rows[int(i)] = emb[row]
+    return np.stack([rows[i] for i in range(len(lengths))]).astype(np.float32)
+
+
+def _export_onnx(
+    module: SentenceEmbedding, input_names: tuple[str, ...], path: Path, opset: int, vocab_size: int
+) -> None:
+    dummy = {
+        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.long),
+        "token_type_ids": torch.zeros((2, 4), dtype=torch.long),
+    }
+    dummy["input_ids"] = dummy["input_ids"] % vocab_size
+    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
+    axes[OUTPUT_NAME] = {0: "batch"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            tuple(dummy[name] for name in input_names),
+            str(path),
+            input_names=list(input_names),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,  # the legacy exporter gives the graph ORT's BERT fusions recognise
+            do_constant_folding=True,
+        )
+
+
+@torch.inference_mode()
+def _pin_output_dim(graph: Any, module: SentenceEmbedding, input_names: tuple[str, ...]) -> int:
+    """The legacy exporter names every output axis; the embedding width is a fixed number."""
+    probe = [torch.ones((1, 2), dtype=torch.long) for _ in input_names]
+    dim = int(module(*probe).shape[1])
+    output_dims = graph.graph.output[0].type.tensor_type.shape.dim
+    output_dims[0].dim_param = "batch"
+    output_dims[1].dim_value = dim
+    return dim
+
+
+@register_exporter("text-embedding")
+def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
+    """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
+    import onnx
+    import transformers
+
+    from serving.bundle import sha256_file
+
+    model_dir = Path(spec.source)
+    weights = _check_checkpoint(model_dir)
+    pooling_config = read_pooling_config(model_dir)
+    t0 = time.perf_counter()
+    tokenizer, encoder = _load(model_dir, weights)
+    config = encoder.config
+    accepted = inspect.signature(encoder.forward).parameters
+    input_names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
+    if input_names[:2] != ("input_ids", "attention_mask"):
+        raise ExportError(f"model takes {input_names}; a text-embedding model needs input_ids and attention_mask")
+    max_length = _max_length(tokenizer, config, pooling_config, spec)
+    module = SentenceEmbedding(
+        encoder, Pooling(pooling_config["mode"], pooling_config["normalize"]), input_names
+    ).eval()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = out_dir / "model.onnx"
+    log.info("export: tracing %s to ONNX (opset %d)", model_dir.name, spec.opset)
+    try:
+        _export_onnx(module, input_names, model_path, spec.opset, int(config.vocab_size))
+        onnx.checker.check_model(str(model_path), full_check=True)
+    except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
+        raise ExportError(f"cannot export {model_dir} to ONNX: {_one_line(exc)}") from None
+    export_seconds = time.perf_counter() - t0
+    graph = onnx.load(str(model_path))
+    dim = _pin_output_dim(graph, module, input_names)
+    onnx.save(graph, str(model_path))
+
+    tokenizer_path = out_dir / "tokenizer.json"
+    save_tokenizer_json(tokenizer, tokenizer_path)
+    texts = validation_sentences()
+    log.info("export: computing PyTorch reference outputs on %d sentences", len(texts))
+    inputs = tokenize_reference(tokenizer_path, tokenizer, texts, max_length, input_names)
+    embeddings = reference_outputs(module, inputs, input_names)
+    if not np.isfinite(embeddings).all():
+        raise ExportError("the PyTorch model produces non-finite embeddings on the validation set")
+    arrays: dict[str, Any] = {
+        "task": np.array("text-embedding"),
+        "texts": np.array(texts),
+        "outputs": embeddings,
+        "input_names": np.array(input_names),
+        **inputs,
+    }
+    np.savez_compressed(out_dir / "reference.npz", **arrays)
+
+    log.info("export: measuring PyTorch eager latency")
+    torch_latency = {}
+    with torch.inference_mode():
+        for key, (batch, seq) in text_bench_shapes(max_length).items():
+            feeds = synthetic_text_batch(batch, seq, list(input_names), vocab_size=int(config.vocab_size))
+            tensors = [torch.from_numpy(feeds[n]) for n in input_names]
+            torch_latency[key] = measure_latency(partial(module, *tensors), budget_s=3.0)
+
+    source = {
+        "kind": "huggingface",
+        "id": str(getattr(config, "_name_or_path", "") or model_dir.name),
+        "revision": None,
+        "weights_sha256": sha256_file(weights),
+    }
+    result = ExportResult(
+        task="text-embedding",
+        name=spec.name,
+        source=source,
+        inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in input_names],
+        outputs=[{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", dim]}],
+        opset=spec.opset,
+        model_info={
+            "model_type": str(config.model_type),
+            "num_heads": int(getattr(config, "num_attention_heads", 0)),
+            "hidden_size": int(getattr(config, "hidden_size", dim)),
+            "vocab_size": int(config.vocab_size),
+            "num_layers": int(getattr(config, "num_hidden_layers", 0)),
+        },
+        metrics={
+            "nodes": float(len(graph.graph.node)),
+            "mb": model_path.stat().st_size / 1e6,
+            "seconds": export_seconds,
+            "validation_samples": float(len(texts)),
+        },
+        torch_latency=torch_latency,
+        versions={
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnx": onnx.__version__,
+        },
+        tokenizer={
+            "file": "tokenizer.json",
+            "max_length": max_length,
+            "truncation": True,
+            "padding": "longest",
+            "pad_token_id": int(tokenizer.pad_token_id or 0),
+            "model_input_names": list(input_names),
+        },
+        pooling={"mode": pooling_config["mode"], "normalize": bool(pooling_config["normalize"])},
+        extra_files=["tokenizer.json"],
+    )
+    result.save(out_dir)
+    return result

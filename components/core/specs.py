@@ -1,0 +1,263 @@
+"""Frozen specs: what to export, which variants to build, and the parity thresholds.
+
+Everything is validated in `__post_init__`, so a bad option fails before any heavy work starts.
+Nothing here imports torch or onnxruntime.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+from components.core.errors import InvalidSpecError
+
+Task = Literal["text-embedding", "image-classification"]
+Precision = Literal["fp32", "fp16", "int8"]
+
+TASKS: tuple[str, ...] = ("text-embedding", "image-classification")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """A named hardware preset. An optimized graph is specific to the hardware it was built for."""
+
+    name: str
+    execution_providers: tuple[str, ...]
+    precisions: tuple[str, ...]
+    # ORT graph optimization level applied offline before shipping. "extended" is safe across
+    # CPUs of one architecture; "all" would bake in CPU-specific layouts, so we never ship it.
+    offline_optimization_level: Literal["disabled", "basic", "extended"]
+    use_gpu_fusions: bool
+    description: str
+
+
+TARGETS: dict[str, Target] = {
+    "cpu": Target(
+        name="cpu",
+        execution_providers=("CPUExecutionProvider",),
+        precisions=("fp32", "int8"),
+        offline_optimization_level="extended",
+        use_gpu_fusions=False,
+        description="x86-64/ARM64 CPUs with ONNX Runtime's CPU execution provider",
+    ),
+    "cuda": Target(
+        name="cuda",
+        execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+        precisions=("fp16", "fp32"),
+        # A CUDA session cannot be created without a GPU, so ORT-level offline optimization is
+        # left to the server (online); the transformer fusions are applied offline.
+        offline_optimization_level="disabled",
+        use_gpu_fusions=True,
+        description="NVIDIA GPUs with ONNX Runtime's CUDA execution provider",
+    ),
+}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise InvalidSpecError(f"unknown target {name!r} (known: {', '.join(TARGETS)})") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantSpec:
+    """One target x precision to build, e.g. cpu/int8 (id `cpu-int8`)."""
+
+    target: str
+    precision: str
+
+    def __post_init__(self) -> None:
+        preset = get_target(self.target)
+        if self.precision not in PRECISIONS:
+            raise InvalidSpecError(f"unknown precision {self.precision!r} (known: {', '.join(PRECISIONS)})")
+        if self.precision not in preset.precisions:
+            raise InvalidSpecError(
+                f"precision {self.precision!r} is not supported on target {self.target!r} "
+                f"(supported: {', '.join(preset.precisions)})"
+            )
+
+    @property
+    def id(self) -> str:
+        return f"{self.target}-{self.precision}"
+
+
+def variant_grid(targets: list[str], precisions: list[str]) -> list[VariantSpec]:
+    """Every supported target x precision pair; a precision no target supports is an error."""
+    if not targets:
+        raise InvalidSpecError("no targets given")
+    if not precisions:
+        raise InvalidSpecError("no precisions given")
+    for name in targets:
+        get_target(name)
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise InvalidSpecError(f"unknown precision {p!r} (known: {', '.join(PRECISIONS)})")
+    variants = [
+        VariantSpec(target=t, precision=p)
+        for t in dict.fromkeys(targets)
+        for p in dict.fromkeys(precisions)
+        if p in TARGETS[t].precisions
+    ]
+    unused = [p for p in precisions if all(v.precision != p for v in variants)]
+    if unused:
+        raise InvalidSpecError(
+            f"precision {unused[0]!r} is not supported by any of the targets {targets} ("
+            + "; ".join(f"{t}: {', '.join(TARGETS[t].precisions)}" for t in targets)
+            + ")"
+        )
+    return variants
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSpec:
+    """What to export: a model source for a task.
+
+    `source` is a Hugging Face checkpoint directory for `text-embedding`, or a torchvision
+    model name for `image-classification` (with `weights` a local state-dict file or None for
+    random initialisation).
+    """
+
+    source: str
+    task: str
+    name: str
+    max_length: int | None = None
+    opset: int = 17
+    weights: str | None = None
+    labels: str | None = None
+    resize_size: int | None = None
+    crop_size: int | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise InvalidSpecError(f"unknown task {self.task!r} (known: {', '.join(TASKS)})")
+        if not _NAME.match(self.name):
+            raise InvalidSpecError(f"invalid bundle name {self.name!r}: use letters, digits, '.', '_' and '-'")
+        if self.max_length is not None and not 1 < self.max_length <= 8192:
+            raise InvalidSpecError(f"max_length must be in 2..8192, got {self.max_length}")
+        if not 13 <= self.opset <= 23:
+            raise InvalidSpecError(f"opset must be in 13..23, got {self.opset}")
+        for label, size in (("resize_size", self.resize_size), ("crop_size", self.crop_size)):
+            if size is not None and not 8 <= size <= 2048:
+                raise InvalidSpecError(f"{label} must be in 8..2048, got {size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParityThresholds:
+    """The gate one variant must pass; `None` leaves a metric ungated (it is still logged).
+
+    Text embeddings are gated on max/mean absolute difference, min/mean cosine similarity to
+    PyTorch and neighbour agreement; image classifiers on max absolute probability difference,
+    top-1/top-5 agreement and preprocessed-pixel agreement.
+    """
+
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    min_cosine: float | None = None
+    mean_cosine: float | None = None
+    min_neighbour_agreement: float | None = None
+    min_top1_agreement: float | None = None
+    min_top5_agreement: float | None = None
+    max_pixel_diff: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+                raise InvalidSpecError(f"threshold {f.name} must be a number, got {value!r}")
+            if f.name.startswith("min_") or f.name == "mean_cosine":
+                if not -1.0 <= value <= 1.0:
+                    raise InvalidSpecError(f"threshold {f.name} must be in [-1, 1], got {value}")
+            elif value < 0:
+                raise InvalidSpecError(f"threshold {f.name} must be >= 0, got {value}")
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def updated(self, **overrides: float | None) -> ParityThresholds:
+        known = {f.name for f in fields(self)}
+        for key in overrides:
+            if key not in known:
+                raise InvalidSpecError(f"unknown threshold {key!r} (known: {', '.join(sorted(known))})")
+        return replace(self, **overrides)
+
+
+# Defaults per task and precision, justified by measurement on all-MiniLM-L6-v2 and a tiny BERT
+# (see README, "Parity gate"): fp32 must be near-exact; fp16 allows fp16 rounding; int8 is judged
+# mainly on whether each sentence keeps its nearest neighbours.
+DEFAULT_THRESHOLDS: dict[tuple[str, str], ParityThresholds] = {
+    ("text-embedding", "fp32"): ParityThresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_neighbour_agreement=0.99),
+    ("text-embedding", "fp16"): ParityThresholds(max_abs_diff=5e-3, min_cosine=0.999, min_neighbour_agreement=0.95),
+    ("text-embedding", "int8"): ParityThresholds(min_cosine=0.90, mean_cosine=0.98, min_neighbour_agreement=0.80),
+    ("image-classification", "fp32"): ParityThresholds(
+        max_abs_diff=1e-4, min_top1_agreement=0.99, min_top5_agreement=0.99, max_pixel_diff=1.0
+    ),
+    ("image-classification", "fp16"): ParityThresholds(
+        max_abs_diff=1e-2, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=1.0
+    ),
+    ("image-classification", "int8"): ParityThresholds(
+        max_abs_diff=0.1, min_top1_agreement=0.85, min_top5_agreement=0.85, max_pixel_diff=1.0
+    ),
+}
+
+
+def default_thresholds(task: str, precision: str) -> ParityThresholds:
+    return DEFAULT_THRESHOLDS[(task, precision)]
+
+
+def parse_threshold_overrides(items: list[str]) -> dict[str, dict[str, float]]:
+    """Parse `PRECISION.NAME=VALUE` (or `NAME=VALUE` for every precision) options.
+
+    Returns `{precision or "*": {name: value}}`; values are checked when applied.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise InvalidSpecError(f"threshold override {item!r} must look like int8.min_cosine=0.95")
+        precision, dot, name = key.strip().rpartition(".")
+        precision = precision if dot else "*"
+        if precision != "*" and precision not in PRECISIONS:
+            raise InvalidSpecError(f"unknown precision {precision!r} in threshold override {item!r}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InvalidSpecError(f"threshold override {item!r}: {raw!r} is not a number") from None
+        out.setdefault(precision, {})[name] = value
+    return out
+
+
+def thresholds_for(task: str, precision: str, overrides: dict[str, dict[str, float]] | None = None) -> ParityThresholds:
+    """Default thresholds for a task and precision with user overrides applied and checked."""
+    base = default_thresholds(task, precision)
+    merged: dict[str, float | None] = {}
+    for scope in ("*", precision):
+        merged.update((overrides or {}).get(scope, {}))
+    return base.updated(**merged)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildSpec:
+    """A whole build: one export, a grid of variants, their gates, and where the bundle goes."""
+
+    export: ExportSpec
+    variants: tuple[VariantSpec, ...]
+    threshold_overrides: dict[str, dict[str, float]] = field(default_factory=dict)
+    version: str = "1"
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise InvalidSpecError("no variants to build")
+        for v in self.variants:  # fail now, not after the export, on a bad override
+            thresholds_for(self.export.task, v.precision, self.threshold_overrides)

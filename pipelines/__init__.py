@@ -1,0 +1,1 @@
+"""ortpack pipelines: the Kubeflow pipeline definitions and the `ortpack` command line."""

@@ -1,0 +1,345 @@
+"""The `ortpack` command line.
+
+Every command validates its options before heavy work, prints progress to stderr, and on
+failure prints one line `ortpack: error: ...` and exits non-zero:
+
+    0  success
+    1  the parity gate failed (nothing was shipped)
+    2  bad input: options, paths, models, bundles
+    3  this environment cannot do it (a missing provider, a full disk, ...)
+   70  an internal error (a bug: run again with --debug for the traceback)
+  130  interrupted
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_GATE, EXIT_INPUT, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPT = 1, 2, 3, 70, 130
+
+log = logging.getLogger("ortpack")
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.monotonic()
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"[ortpack {time.monotonic() - self.start:6.1f}s]"
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        return f"{prefix} {level}{record.getMessage()}"
+
+
+def _setup_logging(verbosity: int, debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
+    # Third-party libraries (quantization, exporter) log and warn freely; keep stderr readable.
+    logging.getLogger().setLevel(logging.DEBUG if debug else logging.ERROR)
+    if not debug:
+        warnings.filterwarnings("ignore")
+
+
+def _csv(value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    return items
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from components.core.build import build_bundle
+    from components.core.sources import resolve_model_source
+    from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
+
+    source, default_name = resolve_model_source(args.model, args.task)
+    spec = BuildSpec(
+        export=ExportSpec(source=source, task=args.task, name=args.name or default_name, max_length=args.max_length),
+        variants=tuple(variant_grid(_csv(args.targets), _csv(args.precisions))),
+        threshold_overrides=parse_threshold_overrides(args.threshold),
+        version=args.version,
+    )
+    result = build_bundle(
+        spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
+    )
+    print(format_summary(result.outcomes, result.export))
+    print(f"bundle: {args.out} ({', '.join(v.id for v in result.manifest.variants)})")
+    return 0
+
+
+def format_summary(outcomes: Sequence[Any], export: Any) -> str:
+    """The table printed after a build: one row per variant."""
+    shape = next(iter(export.torch_latency), "")
+    rows = [("variant", "gate", "max|diff|", "min cos", "neighbours", "MB", f"p50 {shape}", "vs torch")]
+    torch_p50 = export.torch_latency.get(shape, {}).get("p50_ms")
+    rows.append(("pytorch", "-", "-", "-", "-", "-", f"{torch_p50:.2f} ms" if torch_p50 else "-", "1.0x"))
+    for o in outcomes:
+        v = o.parity.values
+        bench = o.benchmark.shapes.get(shape) if o.benchmark else None
+        rows.append(
+            (
+                o.built.variant_id,
+                "pass" if o.parity.passed else "MISS",
+                f"{v['max_abs_diff']:.2g}" if "max_abs_diff" in v else "-",
+                f"{v['min_cosine']:.5f}" if "min_cosine" in v else "-",
+                f"{v['neighbour_agreement']:.3f}" if "neighbour_agreement" in v else "-",
+                f"{o.built.metrics['mb']:.1f}",
+                f"{bench['p50_ms']:.2f} ms" if bench else "-",
+                f"{o.benchmark.speedup_vs_torch.get(shape, 0):.1f}x" if o.benchmark else "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for o in outcomes:
+        if not o.parity.passed:
+            lines.append(f"missed: {o.parity.summary()}")
+    return "\n".join(lines)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from components.core.export import export_model
+    from components.core.sources import resolve_model_source
+    from components.core.specs import ExportSpec
+
+    source, default_name = resolve_model_source(args.model, args.task)
+    spec = ExportSpec(source=source, task=args.task, name=args.name or default_name, max_length=args.max_length)
+    out = _fresh_dir(Path(args.out), args.force)
+    export_model(spec, out)
+    print(out)
+    return 0
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from components.core.optimize import optimize_model
+    from components.core.specs import VariantSpec
+
+    variant = VariantSpec(target=args.target, precision=args.precision)
+    export_dir = _existing_dir(args.export, "export")
+    out = _fresh_dir(Path(args.out), args.force)
+    optimize_model(export_dir, variant, out)
+    print(out)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from components.core.artifacts import ExportResult, OptimizeResult
+    from components.core.parity import validate_variant
+    from components.core.specs import parse_threshold_overrides, thresholds_for
+
+    export_dir = _existing_dir(args.export, "export")
+    variant_dir = _existing_dir(args.variant, "variant")
+    export, built = ExportResult.load(export_dir), OptimizeResult.load(variant_dir)
+    thresholds = thresholds_for(export.task, built.precision, parse_threshold_overrides(args.threshold))
+    report = validate_variant(variant_dir, export_dir, thresholds)
+    for name, value in sorted(report.values.items()):
+        print(f"{name:32s} {value:.6g}")
+    report.raise_if_failed()
+    return 0
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from components.core.benchmark import benchmark_variant
+
+    result = benchmark_variant(_existing_dir(args.variant, "variant"), _existing_dir(args.export, "export"))
+    for name, value in sorted(result.metrics().items()):
+        print(f"{name:32s} {value:.4g}")
+    return 0
+
+
+def cmd_package(args: argparse.Namespace) -> int:
+    from components.core.package import package_bundle
+
+    manifest = package_bundle(
+        _existing_dir(args.export, "export"),
+        [_existing_dir(v, "variant") for v in args.variant],
+        Path(args.out),
+        version=args.version,
+        force=args.force,
+    )
+    print(f"bundle: {args.out} ({', '.join(v.id for v in manifest.variants)})")
+    return 0
+
+
+def cmd_bundle_verify(args: argparse.Namespace) -> int:
+    from serving.bundle import verify_bundle
+
+    manifest = verify_bundle(Path(args.bundle))
+    size = sum(f.bytes for f in manifest.files.values())
+    print(
+        f"ok: {manifest.name} {manifest.version} ({manifest.task}), variants "
+        f"{', '.join(v.id for v in manifest.variants)}, {len(manifest.files)} files, {size / 1e6:.1f} MB verified"
+    )
+    return 0
+
+
+def _existing_dir(value: str, what: str) -> Path:
+    path = Path(value)
+    if not path.is_dir():
+        from components.core.errors import InvalidSpecError
+
+        raise InvalidSpecError(f"{what} directory not found: {value}")
+    return path
+
+
+def _fresh_dir(path: Path, force: bool) -> Path:
+    from components.core.errors import InvalidSpecError
+
+    if path.exists():
+        if not force:
+            raise InvalidSpecError(f"output directory exists: {path} (use --force to replace it)")
+        import shutil
+
+        shutil.rmtree(path)
+    return path
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="count", default=0, help="print only warnings and the result")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="print debug progress")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=bool(os.environ.get("ORTPACK_DEBUG")),
+        help="show library warnings and full tracebacks (also ORTPACK_DEBUG=1)",
+    )
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", required=True, help="a Hugging Face checkpoint directory, or a bundled model name (all-MiniLM-L6-v2)"
+    )
+    p.add_argument("--task", default="text-embedding", help="text-embedding (default) or image-classification")
+    p.add_argument("--name", help="bundle name (default: the model's directory or name)")
+    p.add_argument("--max-length", type=int, help="token limit of text models (default: the model's own)")
+
+
+def _add_thresholds(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="[PRECISION.]NAME=VALUE",
+        help="override a parity threshold, e.g. int8.min_neighbour_agreement=0.9 or max_abs_diff=1e-5 "
+        "(names: max_abs_diff, mean_abs_diff, min_cosine, mean_cosine, min_neighbour_agreement); repeatable",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ortpack",
+        description="Turn a PyTorch model into a verified, hardware-optimized ONNX Runtime bundle.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=fn)
+        _add_common(p)
+        return p
+
+    p = command("build", cmd_build, "export, optimize, validate, benchmark and package in one process")
+    _add_model(p)
+    p.add_argument("--targets", default="cpu", help="comma-separated target presets: cpu, cuda (default: cpu)")
+    p.add_argument(
+        "--precisions",
+        default="fp32,int8",
+        help="comma-separated precisions: fp32, int8 (cpu), fp16 (cuda) (default: fp32,int8)",
+    )
+    p.add_argument("--out", required=True, help="bundle directory to create, e.g. dist/all-MiniLM-L6-v2")
+    p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
+    _add_thresholds(p)
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--work-dir", help="keep intermediate step outputs here (default: a temporary directory)")
+
+    p = command("export", cmd_export, "export a model to ONNX with the PyTorch reference outputs")
+    _add_model(p)
+    p.add_argument("--out", required=True, help="directory to write (model.onnx, reference.npz, export.json)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    p = command("optimize", cmd_optimize, "build one variant (target x precision) from an export")
+    p.add_argument("--export", required=True, help="directory written by `ortpack export`")
+    p.add_argument("--target", required=True, help="target preset: cpu or cuda")
+    p.add_argument("--precision", required=True, help="fp32 or int8 (cpu), fp16 or fp32 (cuda)")
+    p.add_argument("--out", required=True, help="directory to write (model.onnx, optimize.json)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    p = command("validate", cmd_validate, "run the parity gate on one variant (exit 1 when it misses)")
+    p.add_argument("--export", required=True, help="directory written by `ortpack export`")
+    p.add_argument("--variant", required=True, help="directory written by `ortpack optimize`")
+    _add_thresholds(p)
+
+    p = command("benchmark", cmd_benchmark, "measure one variant's latency against PyTorch")
+    p.add_argument("--export", required=True, help="directory written by `ortpack export`")
+    p.add_argument("--variant", required=True, help="directory written by `ortpack optimize`")
+
+    p = command("package", cmd_package, "write a bundle from validated variants")
+    p.add_argument("--export", required=True, help="directory written by `ortpack export`")
+    p.add_argument("--variant", required=True, action="append", help="a validated variant directory; repeatable")
+    p.add_argument("--out", required=True, help="bundle directory to create")
+    p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    bundle = sub.add_parser("bundle", help="inspect bundles", description="inspect bundles")
+    bsub = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
+    p = bsub.add_parser(
+        "verify",
+        help="check a bundle's schema version and every file's sha256",
+        description="check a bundle's schema version and every file's sha256",
+    )
+    p.add_argument("bundle", help="bundle directory")
+    p.set_defaults(func=cmd_bundle_verify)
+    _add_common(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(-args.quiet + args.verbose, args.debug)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("ortpack: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPT
+    except Exception as exc:
+        if args.debug:
+            raise
+        return _report(exc)
+
+
+def _report(exc: Exception) -> int:
+    from components.core.errors import OrtpackError, ParityError
+
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ParityError):
+        code = EXIT_GATE
+    elif isinstance(exc, ValueError):
+        code = EXIT_INPUT
+    elif isinstance(exc, RuntimeError | OSError):
+        code = EXIT_ENV
+    else:
+        code = EXIT_INTERNAL
+    if code == EXIT_INTERNAL or not isinstance(exc, OrtpackError | ValueError | OSError | RuntimeError):
+        message = f"internal error: {type(exc).__name__}: {message} (run again with --debug for the traceback)"
+    print(f"ortpack: error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""ortpack serving: the bundle contract and the ONNX Runtime server.
+
+Nothing under `serving` imports torch, transformers, kfp or `components`: the serving image
+installs only the `serve` extra.
+"""

@@ -1,0 +1,288 @@
+"""The bundle contract between the packaging pipeline and the server.
+
+A bundle is a directory (or a `.tar` of one) holding `manifest.json`, one `model.onnx` per
+variant under `variants/<id>/`, the tokenizer for text models and `report.html`. The manifest
+lists every other file with its sha256 and size, so a reader can prove that what it loads is
+what the pipeline validated.
+
+This module owns the schema (pydantic models), atomic writing, reading and verification. It is
+imported by the pipeline components (to write bundles) and by the server (to read them), so it
+depends on nothing heavier than pydantic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+Task = Literal["text-embedding", "image-classification"]
+
+
+class BundleError(ValueError):
+    """A bundle is missing, malformed, tampered with, or of an unknown schema version."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """One graph input or output; dynamic axes are named (`"batch"`, `"sequence"`)."""
+
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+class Source(_Strict):
+    """Where the model came from."""
+
+    kind: Literal["huggingface", "torchvision"]
+    id: str
+    revision: str | None = None
+    weights_sha256: str | None = None
+
+
+class TokenizerSettings(_Strict):
+    """How text becomes `input_ids`: the serving side must tokenize exactly like this."""
+
+    file: str = "tokenizer.json"
+    max_length: int = Field(gt=0)
+    truncation: bool = True
+    padding: Literal["longest"] = "longest"
+    pad_token_id: int = Field(ge=0)
+    model_input_names: list[str]
+
+
+class Pooling(_Strict):
+    """The post-processing baked into a text-embedding graph."""
+
+    mode: Literal["mean", "cls", "max"]
+    normalize: bool
+
+
+class ImagePreprocessing(_Strict):
+    """The raw input contract of an image graph and the preprocessing baked into it."""
+
+    input_dtype: Literal["uint8"] = "uint8"
+    layout: Literal["NHWC"] = "NHWC"
+    value_range: tuple[int, int] = (0, 255)
+    color: Literal["RGB"] = "RGB"
+    resize_size: int = Field(gt=0)
+    crop_size: int = Field(gt=0)
+    interpolation: Literal["bilinear"] = "bilinear"
+    antialias: bool = True
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+class FileEntry(_Strict):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+
+
+class Variant(_Strict):
+    """One target x precision build of the model that passed its parity gate."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    target: str
+    execution_providers: list[str]
+    precision: Literal["fp32", "fp16", "int8"]
+    file: str
+    ort_version: str
+    opset: int
+    offline_optimization_level: Literal["disabled", "basic", "extended", "all"]
+    optimize: dict[str, Any] = Field(default_factory=dict)
+    parity: dict[str, Any] = Field(default_factory=dict)
+    benchmark: dict[str, Any] = Field(default_factory=dict)
+
+
+class Manifest(_Strict):
+    schema_version: int
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    version: str
+    task: Task
+    source: Source
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    tokenizer: TokenizerSettings | None = None
+    pooling: Pooling | None = None
+    preprocessing: ImagePreprocessing | None = None
+    labels: list[str] | None = None
+    variants: list[Variant] = Field(min_length=1)
+    files: dict[str, FileEntry] = Field(default_factory=dict)
+    created_at: str
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Manifest:
+        ids = [v.id for v in self.variants]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate variant ids: {ids}")
+        if self.task == "text-embedding" and self.tokenizer is None:
+            raise ValueError("a text-embedding manifest needs tokenizer settings")
+        if self.task == "image-classification" and self.preprocessing is None:
+            raise ValueError("an image-classification manifest needs preprocessing settings")
+        return self
+
+    def variant(self, variant_id: str) -> Variant:
+        for v in self.variants:
+            if v.id == variant_id:
+                return v
+        known = ", ".join(v.id for v in self.variants)
+        raise BundleError(f"bundle {self.name!r} has no variant {variant_id!r} (it has: {known})")
+
+    def referenced_files(self) -> list[str]:
+        """Files the manifest itself points at (variants, tokenizer): they must be listed."""
+        names = [v.file for v in self.variants]
+        if self.tokenizer is not None:
+            names.append(self.tokenizer.file)
+        return names
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _safe_relpath(rel: str) -> str:
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts or rel != pure.as_posix():
+        raise BundleError(f"unsafe path in bundle: {rel!r}")
+    return rel
+
+
+def write_bundle(
+    out_dir: Path,
+    manifest: Mapping[str, Any],
+    files: Mapping[str, Path],
+    *,
+    force: bool = False,
+) -> Manifest:
+    """Write a bundle atomically and return its manifest.
+
+    `manifest` is every manifest field but `files`, `schema_version` and `created_at`, which
+    this function fills in. `files` maps a path inside the bundle to a source file to copy.
+    The bundle is built in a temporary directory beside `out_dir` and renamed into place, so a
+    failure leaves nothing at `out_dir`. An existing `out_dir` is replaced only with `force`.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise BundleError(f"output directory exists: {out_dir} (use --force to replace it)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        entries: dict[str, FileEntry] = {}
+        for rel, src in sorted(files.items()):
+            target = staging / _safe_relpath(rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+            entries[rel] = FileEntry(sha256=sha256_file(target), bytes=target.stat().st_size)
+        fields = dict(manifest)
+        fields.update(schema_version=SCHEMA_VERSION, files=entries)
+        fields.setdefault("created_at", utc_now())
+        try:
+            parsed = Manifest.model_validate(fields)
+        except ValidationError as exc:
+            raise BundleError(f"invalid manifest: {_first_error(exc)}") from None
+        missing = [name for name in parsed.referenced_files() if name not in entries]
+        if missing:
+            raise BundleError(f"manifest points at files the bundle lacks: {missing}")
+        (staging / MANIFEST_NAME).write_text(parsed.model_dump_json(indent=2) + "\n")
+        _replace_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return parsed
+
+
+def _replace_dir(new: Path, dest: Path) -> None:
+    """Rename `new` to `dest`; an existing `dest` is moved aside first and removed after."""
+    if not dest.exists():
+        os.rename(new, dest)
+        return
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    os.rename(dest, old)
+    try:
+        os.rename(new, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "manifest"
+    return f"{where}: {err['msg']}"
+
+
+def read_manifest(bundle_dir: Path) -> Manifest:
+    """Parse `manifest.json` without checking files (see `verify_bundle`)."""
+    path = Path(bundle_dir) / MANIFEST_NAME
+    if not Path(bundle_dir).is_dir():
+        raise BundleError(f"bundle directory not found: {bundle_dir}")
+    if not path.is_file():
+        raise BundleError(f"not a bundle: {bundle_dir} has no {MANIFEST_NAME}")
+    try:
+        import json
+
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"unreadable {MANIFEST_NAME} in {bundle_dir}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BundleError(f"{MANIFEST_NAME} in {bundle_dir} is not a JSON object")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BundleError(
+            f"unknown bundle schema_version {version!r} in {bundle_dir} (this ortpack reads version {SCHEMA_VERSION})"
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        raise BundleError(f"invalid {MANIFEST_NAME} in {bundle_dir}: {_first_error(exc)}") from None
+
+
+def verify_bundle(bundle_dir: Path) -> Manifest:
+    """Read the manifest and check every listed file's size and sha256.
+
+    Raises `BundleError` naming the first problem: unknown schema version, a file the manifest
+    points at but does not list, a missing file, a size or checksum mismatch. Files present but
+    not listed are ignored (nothing loads them).
+    """
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir)
+    unlisted = [name for name in manifest.referenced_files() if name not in manifest.files]
+    if unlisted:
+        raise BundleError(f"manifest points at unlisted files: {unlisted}")
+    root = bundle_dir.resolve()
+    for rel, entry in sorted(manifest.files.items()):
+        path = bundle_dir / _safe_relpath(rel)
+        if not path.resolve().is_relative_to(root):
+            raise BundleError(f"file escapes the bundle: {rel}")
+        if not path.is_file():
+            raise BundleError(f"missing file in bundle: {rel}")
+        size = path.stat().st_size
+        if size != entry.bytes:
+            raise BundleError(f"size mismatch for {rel}: {size} bytes, manifest says {entry.bytes}")
+        if sha256_file(path) != entry.sha256:
+            raise BundleError(f"checksum mismatch for {rel}: the file was changed after packaging")
+    return manifest

@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny models built offline, and one tiny export/build reused across tests."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.models import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A raw export of the tiny BERT (model.onnx, tokenizer.json, reference.npz, export.json)."""
+    from components.core.export import export_model
+    from components.core.specs import ExportSpec
+
+    out = tmp_path_factory.mktemp("export") / "export"
+    export_model(ExportSpec(source=str(tiny_bert), task="text-embedding", name="tiny-bert"), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_variants(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """cpu-fp32 and cpu-int8 built, validated and benchmarked from `tiny_export`."""
+    from components.core.benchmark import benchmark_variant
+    from components.core.optimize import optimize_model
+    from components.core.parity import validate_variant
+    from components.core.specs import VariantSpec, thresholds_for
+
+    root = tmp_path_factory.mktemp("variants")
+    out = {}
+    for precision in ("fp32", "int8"):
+        variant = VariantSpec(target="cpu", precision=precision)
+        vdir = root / variant.id
+        optimize_model(tiny_export, variant, vdir)
+        validate_variant(vdir, tiny_export, thresholds_for("text-embedding", precision))
+        benchmark_variant(vdir, tiny_export, budget_s=0.2)
+        out[variant.id] = vdir
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_export: Path, tiny_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from components.core.package import package_bundle
+
+    out = tmp_path_factory.mktemp("dist") / "tiny-bert"
+    package_bundle(tiny_export, list(tiny_variants.values()), out)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _quiet_third_party_logs() -> None:
+    logging.getLogger("onnxruntime").setLevel(logging.ERROR)

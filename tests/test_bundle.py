@@ -1,0 +1,149 @@
+"""The bundle contract: atomic writes, strict reads, and verification that catches tampering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serving.bundle import SCHEMA_VERSION, BundleError, read_manifest, verify_bundle, write_bundle
+
+
+def _manifest() -> dict[str, Any]:
+    return {
+        "name": "demo",
+        "version": "3",
+        "task": "text-embedding",
+        "source": {"kind": "huggingface", "id": "demo"},
+        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
+        "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
+        "tokenizer": {"max_length": 8, "pad_token_id": 0, "model_input_names": ["input_ids"]},
+        "pooling": {"mode": "mean", "normalize": True},
+        "variants": [
+            {
+                "id": "cpu-fp32",
+                "target": "cpu",
+                "execution_providers": ["CPUExecutionProvider"],
+                "precision": "fp32",
+                "file": "variants/cpu-fp32/model.onnx",
+                "ort_version": "1.0",
+                "opset": 17,
+                "offline_optimization_level": "extended",
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "src").mkdir()
+    model = tmp_path / "src" / "model.onnx"
+    model.write_bytes(b"not really onnx, but bytes to checksum")
+    tok = tmp_path / "src" / "tokenizer.json"
+    tok.write_text("{}")
+    return {"variants/cpu-fp32/model.onnx": model, "tokenizer.json": tok}
+
+
+def test_roundtrip(tmp_path: Path, sources: dict[str, Path]) -> None:
+    written = write_bundle(tmp_path / "out", _manifest(), sources)
+    assert written.schema_version == SCHEMA_VERSION
+    assert set(written.files) == set(sources)
+    read = verify_bundle(tmp_path / "out")
+    assert read == written
+    assert read.variant("cpu-fp32").precision == "fp32"
+    with pytest.raises(BundleError, match="has no variant 'cuda-fp16'"):
+        read.variant("cuda-fp16")
+
+
+def test_refuses_existing_output_unless_forced(tmp_path: Path, sources: dict[str, Path]) -> None:
+    write_bundle(tmp_path / "out", _manifest(), sources)
+    with pytest.raises(BundleError, match="output directory exists"):
+        write_bundle(tmp_path / "out", _manifest(), sources)
+    manifest = _manifest() | {"version": "4"}
+    write_bundle(tmp_path / "out", manifest, sources, force=True)
+    assert read_manifest(tmp_path / "out").version == "4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no staging leftovers
+
+
+def test_failed_write_leaves_nothing(tmp_path: Path, sources: dict[str, Path]) -> None:
+    broken = dict(sources)
+    broken["report.html"] = tmp_path / "does-not-exist.html"
+    with pytest.raises(FileNotFoundError):
+        write_bundle(tmp_path / "out", _manifest(), broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_invalid_manifest_leaves_nothing(tmp_path: Path, sources: dict[str, Path]) -> None:
+    manifest = _manifest()
+    manifest["variants"][0]["precision"] = "fp8"
+    with pytest.raises(BundleError, match=r"invalid manifest: variants\.0\.precision"):
+        write_bundle(tmp_path / "out", manifest, sources)
+    assert not (tmp_path / "out").exists()
+
+
+def test_manifest_must_list_what_it_points_at(tmp_path: Path, sources: dict[str, Path]) -> None:
+    del sources["tokenizer.json"]
+    with pytest.raises(BundleError, match="lacks"):
+        write_bundle(tmp_path / "out", _manifest(), sources)
+
+
+def test_unsafe_paths_are_refused(tmp_path: Path, sources: dict[str, Path]) -> None:
+    sources["../escape.onnx"] = sources["tokenizer.json"]
+    with pytest.raises(BundleError, match="unsafe path"):
+        write_bundle(tmp_path / "out", _manifest(), sources)
+
+
+@pytest.fixture
+def bundle(tmp_path: Path, sources: dict[str, Path]) -> Path:
+    write_bundle(tmp_path / "b", _manifest(), sources)
+    return tmp_path / "b"
+
+
+def test_detects_changed_file(bundle: Path) -> None:
+    model = bundle / "variants/cpu-fp32/model.onnx"
+    data = bytearray(model.read_bytes())
+    data[0] ^= 1
+    model.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="checksum mismatch for variants/cpu-fp32/model.onnx"):
+        verify_bundle(bundle)
+
+
+def test_detects_truncated_file(bundle: Path) -> None:
+    (bundle / "tokenizer.json").write_text("")
+    with pytest.raises(BundleError, match="size mismatch for tokenizer.json"):
+        verify_bundle(bundle)
+
+
+def test_detects_missing_file(bundle: Path) -> None:
+    shutil.rmtree(bundle / "variants")
+    with pytest.raises(BundleError, match="missing file in bundle: variants/cpu-fp32/model.onnx"):
+        verify_bundle(bundle)
+
+
+def test_rejects_unknown_schema_version(bundle: Path) -> None:
+    raw = json.loads((bundle / "manifest.json").read_text())
+    raw["schema_version"] = 99
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="unknown bundle schema_version 99"):
+        verify_bundle(bundle)
+
+
+def test_rejects_unknown_fields_and_garbage(bundle: Path) -> None:
+    raw = json.loads((bundle / "manifest.json").read_text())
+    raw["surprise"] = 1
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="surprise"):
+        verify_bundle(bundle)
+    (bundle / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="unreadable manifest.json"):
+        verify_bundle(bundle)
+
+
+def test_rejects_non_bundles(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="bundle directory not found"):
+        verify_bundle(tmp_path / "nope")
+    with pytest.raises(BundleError, match="has no manifest.json"):
+        verify_bundle(tmp_path)

@@ -1,0 +1,147 @@
+"""The `ortpack` CLI: bad input gets one line naming the problem and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def ortpack(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ortpack: error:")]
+    assert len(errors) == 1, result.stderr
+    assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--model", "/no/such/model"], "model path not found: /no/such/model"),
+        (["--model", "{tmp}"], "not a Hugging Face checkpoint"),
+        (["--model", "{tiny}", "--task", "translation"], "unknown task 'translation'"),
+        (["--model", "{tiny}", "--targets", "tpu"], "unknown target 'tpu' (known: cpu, cuda)"),
+        (["--model", "{tiny}", "--precisions", "fp8"], "unknown precision 'fp8'"),
+        (["--model", "{tiny}", "--precisions", "fp16"], "'fp16' is not supported by any of the targets"),
+        (["--model", "{tiny}", "--targets", ""], "no targets given"),
+        (["--model", "{tiny}", "--threshold", "int8.min_cosine=2"], "min_cosine must be in [-1, 1]"),
+        (["--model", "{tiny}", "--name", "../x"], "invalid bundle name"),
+    ],
+)
+def test_build_rejects_bad_options_before_work(args: list[str], fragment: str, tiny_bert: Path, tmp_path: Path) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{tiny}", str(tiny_bert)) for a in args]
+    result = ortpack("build", *args, "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_weights(tiny_bert: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bert, broken)
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    result = ortpack("export", "--model", str(broken), "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, "cannot load weights from")
+
+
+def test_model_that_cannot_export(tmp_path: Path) -> None:
+    from tests.models import make_tiny_bert
+
+    t5 = make_tiny_bert(tmp_path / "t5", model_type="t5")
+    result = ortpack("export", "--model", str(t5), "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, "cannot export")
+
+
+def test_existing_output_needs_force(tiny_bert: Path, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    result = ortpack("build", "--model", str(tiny_bert), "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, "output directory exists")
+
+
+def test_bundle_verify(tiny_bundle: Path, tmp_path: Path) -> None:
+    ok = ortpack("bundle", "verify", str(tiny_bundle))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok: tiny-bert 1 (text-embedding), variants cpu-fp32, cpu-int8")
+    tampered = tmp_path / "tampered"
+    shutil.copytree(tiny_bundle, tampered)
+    with open(tampered / "tokenizer.json", "ab") as fh:
+        fh.write(b" ")
+    assert_one_line_error(ortpack("bundle", "verify", str(tampered)), 2, "size mismatch for tokenizer.json")
+    assert_one_line_error(ortpack("bundle", "verify", str(tmp_path / "none")), 2, "bundle directory not found")
+
+
+def test_validate_exits_1_on_a_miss(tiny_export: Path, tiny_variants: dict[str, Path]) -> None:
+    passed = ortpack("validate", "--export", str(tiny_export), "--variant", str(tiny_variants["cpu-fp32"]))
+    assert passed.returncode == 0, passed.stderr
+    assert "neighbour_agreement" in passed.stdout
+    missed = ortpack(
+        "validate",
+        "--export",
+        str(tiny_export),
+        "--variant",
+        str(tiny_variants["cpu-int8"]),
+        "--threshold",
+        "max_abs_diff=1e-9",
+    )
+    assert_one_line_error(missed, 1, "parity gate missed by cpu-int8: max_abs_diff")
+
+
+def test_single_steps_chain_into_a_bundle(tiny_bert: Path, tmp_path: Path) -> None:
+    assert (
+        ortpack("export", "--model", str(tiny_bert), "--out", str(tmp_path / "e"), "--max-length", "64").returncode == 0
+    )
+    step = ortpack(
+        "optimize",
+        "--export",
+        str(tmp_path / "e"),
+        "--target",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--out",
+        str(tmp_path / "v"),
+    )
+    assert step.returncode == 0, step.stderr
+    assert ortpack("validate", "--export", str(tmp_path / "e"), "--variant", str(tmp_path / "v")).returncode == 0
+    assert ortpack("benchmark", "--export", str(tmp_path / "e"), "--variant", str(tmp_path / "v")).returncode == 0
+    packaged = ortpack(
+        "package", "--export", str(tmp_path / "e"), "--variant", str(tmp_path / "v"), "--out", str(tmp_path / "b")
+    )
+    assert packaged.returncode == 0, packaged.stderr
+    assert ortpack("bundle", "verify", str(tmp_path / "b")).returncode == 0
+
+
+def _walk(parser: argparse.ArgumentParser, path: str = "ortpack") -> list[tuple[str, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _walk(sub, f"{path} {name}")
+        else:
+            found.append((path, action))
+    return found
+
+
+def test_help_documents_every_option() -> None:
+    from pipelines.cli import build_parser
+
+    actions = _walk(build_parser())
+    assert len({path for path, _ in actions}) >= 8  # every command was walked
+    undocumented = [f"{path} {a.option_strings or a.dest}" for path, a in actions if not a.help]
+    assert undocumented == []
+    result = ortpack("build", "--help")
+    assert result.returncode == 0 and "--precisions" in result.stdout and "--threshold" in result.stdout

@@ -1,0 +1,100 @@
+"""Specs fail fast, with messages that name the problem and the allowed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.core.errors import InvalidSpecError
+from components.core.specs import (
+    BuildSpec,
+    ExportSpec,
+    ParityThresholds,
+    VariantSpec,
+    parse_threshold_overrides,
+    thresholds_for,
+    variant_grid,
+)
+
+
+def test_variant_grid_keeps_only_supported_pairs() -> None:
+    grid = variant_grid(["cpu", "cuda"], ["fp32", "int8", "fp16"])
+    assert [v.id for v in grid] == ["cpu-fp32", "cpu-int8", "cuda-fp32", "cuda-fp16"]
+
+
+@pytest.mark.parametrize(
+    ("targets", "precisions", "message"),
+    [
+        ([], ["fp32"], "no targets"),
+        (["tpu"], ["fp32"], "unknown target 'tpu' (known: cpu, cuda)"),
+        (["cpu"], ["fp8"], "unknown precision 'fp8'"),
+        (["cpu"], ["fp16"], "'fp16' is not supported by any of the targets"),
+        (["cpu"], [], "no precisions"),
+    ],
+)
+def test_variant_grid_rejects(targets: list[str], precisions: list[str], message: str) -> None:
+    with pytest.raises(InvalidSpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        variant_grid(targets, precisions)
+
+
+def test_variant_spec_rejects_precision_the_target_lacks() -> None:
+    with pytest.raises(InvalidSpecError, match="not supported on target 'cpu'"):
+        VariantSpec(target="cpu", precision="fp16")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"task": "translation"}, "unknown task 'translation'"),
+        ({"name": "../evil"}, "invalid bundle name"),
+        ({"max_length": 1}, "max_length must be in"),
+        ({"opset": 9}, "opset must be in"),
+    ],
+)
+def test_export_spec_rejects(kwargs: dict[str, object], message: str) -> None:
+    fields = {"source": "x", "task": "text-embedding", "name": "ok"} | kwargs
+    with pytest.raises(InvalidSpecError, match=message):
+        ExportSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_thresholds_overrides_apply_per_precision_and_globally() -> None:
+    overrides = parse_threshold_overrides(["int8.min_cosine=0.5", "max_abs_diff=0.25"])
+    int8 = thresholds_for("text-embedding", "int8", overrides)
+    fp32 = thresholds_for("text-embedding", "fp32", overrides)
+    assert int8.min_cosine == 0.5 and int8.max_abs_diff == 0.25
+    assert fp32.max_abs_diff == 0.25
+    assert fp32.min_cosine == thresholds_for("text-embedding", "fp32").min_cosine
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("min_cosine", "must look like"),
+        ("int8.min_cosine=abc", "is not a number"),
+        ("int9.min_cosine=0.5", "unknown precision 'int9'"),
+    ],
+)
+def test_threshold_override_syntax_errors(item: str, message: str) -> None:
+    with pytest.raises(InvalidSpecError, match=message):
+        parse_threshold_overrides([item])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"*": {"min_cosine": 1.5}}, r"min_cosine must be in \[-1, 1\]"),
+        ({"*": {"max_abs_diff": -1.0}}, "max_abs_diff must be >= 0"),
+        ({"int8": {"min_cosnie": 0.5}}, "unknown threshold 'min_cosnie'"),
+    ],
+)
+def test_build_spec_checks_overrides_before_any_work(overrides: dict[str, dict[str, float]], message: str) -> None:
+    with pytest.raises(InvalidSpecError, match=message):
+        BuildSpec(
+            export=ExportSpec(source="x", task="text-embedding", name="ok"),
+            variants=(VariantSpec(target="cpu", precision="int8"),),
+            threshold_overrides=overrides,
+        )
+
+
+def test_threshold_rejects_nan() -> None:
+    with pytest.raises(InvalidSpecError, match="must be a number"):
+        ParityThresholds(max_abs_diff=float("nan"))
