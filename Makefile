@@ -1,5 +1,5 @@
 # ortpack: every target installs what it needs into .venv first.
-#   make run    the main job: package all-MiniLM-L6-v2 into dist/all-MiniLM-L6-v2
+#   make run    the main job: the packaging pipeline (kfp.local) on all-MiniLM-L6-v2 -> dist/
 #   make test   lint, type-check and the whole test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,kfp,dev
 
-.PHONY: install run test unit lint typecheck format bench clean
+.PHONY: install run test unit lint typecheck format bench clean golden
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The package_model Kubeflow pipeline, run locally with kfp.local; replaces the previous bundle.
 run: $(STAMP)
-	$(BIN)/ortpack build --model all-MiniLM-L6-v2 --targets cpu --precisions fp32,int8 \
+	$(BIN)/ortpack run --model all-MiniLM-L6-v2 --targets cpu --precisions fp32,int8 \
 		--out dist/all-MiniLM-L6-v2 --force
 
 test: lint typecheck
@@ -45,3 +46,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf dist build *.egg-info .mypy_cache .ruff_cache
+
+golden: $(STAMP)
+	$(PY) -m pipelines.golden

@@ -61,6 +61,7 @@ def _csv(value: str) -> list[str]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from components.core.build import build_bundle
+    from components.core.report import format_summary
     from components.core.sources import resolve_model_source
     from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
 
@@ -74,39 +75,113 @@ def cmd_build(args: argparse.Namespace) -> int:
     result = build_bundle(
         spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
     )
-    print(format_summary(result.outcomes, result.export))
+    print(format_summary(result.export, result.records))
     print(f"bundle: {args.out} ({', '.join(v.id for v in result.manifest.variants)})")
     return 0
 
 
-def format_summary(outcomes: Sequence[Any], export: Any) -> str:
-    """The table printed after a build: one row per variant."""
-    shape = next(iter(export.torch_latency), "")
-    rows = [("variant", "gate", "max|diff|", "min cos", "neighbours", "MB", f"p50 {shape}", "vs torch")]
-    torch_p50 = export.torch_latency.get(shape, {}).get("p50_ms")
-    rows.append(("pytorch", "-", "-", "-", "-", "-", f"{torch_p50:.2f} ms" if torch_p50 else "-", "1.0x"))
-    for o in outcomes:
-        v = o.parity.values
-        bench = o.benchmark.shapes.get(shape) if o.benchmark else None
-        rows.append(
-            (
-                o.built.variant_id,
-                "pass" if o.parity.passed else "MISS",
-                f"{v['max_abs_diff']:.2g}" if "max_abs_diff" in v else "-",
-                f"{v['min_cosine']:.5f}" if "min_cosine" in v else "-",
-                f"{v['neighbour_agreement']:.3f}" if "neighbour_agreement" in v else "-",
-                f"{o.built.metrics['mb']:.1f}",
-                f"{bench['p50_ms']:.2f} ms" if bench else "-",
-                f"{o.benchmark.speedup_vs_torch.get(shape, 0):.1f}x" if o.benchmark else "-",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    for o in outcomes:
-        if not o.parity.passed:
-            lines.append(f"missed: {o.parity.summary()}")
-    return "\n".join(lines)
+def _pipeline_arguments(args: argparse.Namespace, *, local_model: bool) -> tuple[list[str], dict[str, Any], str]:
+    """Validate the pipeline options before anything heavy; return (targets, arguments, name).
+
+    `local_model` checks that the model exists here (`run`); a submitted run resolves the model
+    inside the cluster's component image instead.
+    """
+    from components.core.errors import InvalidSpecError
+    from components.core.sources import resolve_model_source
+    from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
+
+    if local_model:
+        _, default_name = resolve_model_source(args.model, args.task)
+    elif not args.model.strip():
+        raise InvalidSpecError("--model is empty")
+    else:
+        default_name = Path(args.model.rstrip("/")).name
+    variants = variant_grid(_csv(args.targets), _csv(args.precisions))
+    overrides = parse_threshold_overrides(args.threshold)
+    name = args.name or default_name
+    BuildSpec(  # validates the task, name, max length and every threshold override
+        export=ExportSpec(source=args.model, task=args.task, name=name, max_length=args.max_length),
+        variants=tuple(variants),
+        threshold_overrides=overrides,
+        version=args.version,
+    )
+    targets = list(dict.fromkeys(v.target for v in variants))
+    arguments: dict[str, Any] = {
+        "model": args.model,
+        "task": args.task,
+        "name": name,
+        "max_length": args.max_length or 0,
+        "thresholds": overrides,
+        "version": args.version,
+    }
+    for target in targets:
+        arguments[f"{target}_precisions"] = [v.precision for v in variants if v.target == target]
+    return targets, arguments, name
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from components.core.errors import InvalidSpecError
+    from components.core.report import format_summary
+    from pipelines.local import load_run_records, run_pipeline_locally
+    from pipelines.package_model import make_pipeline
+
+    targets, arguments, name = _pipeline_arguments(args, local_model=True)
+    if not args.model.startswith("/") and Path(args.model).exists():
+        arguments["model"] = str(Path(args.model).resolve())  # steps may run in another directory
+    out = Path(args.out or Path("dist") / name)
+    if out.exists() and not args.force:
+        raise InvalidSpecError(f"output directory exists: {out} (use --force to replace it, or --out)")
+    log.info(
+        "running the %s pipeline locally (kfp.local) for %s: %s",
+        "package-model",
+        name,
+        ", ".join(f"{t} {'/'.join(arguments[f'{t}_precisions'])}" for t in targets),
+    )
+    result = run_pipeline_locally(
+        make_pipeline(targets, parallelism=1),
+        arguments,
+        pipeline_root=Path(args.pipeline_root),
+        out_dir=out,
+        force=args.force,
+        verbose=args.verbose > 0,
+        echo=lambda line: log.info("  %s", line.strip()),
+    )
+    export, records = load_run_records(result.run_dir)
+    print(format_summary(export, records))
+    print(f"bundle: {out} ({', '.join(r.variant_id for r in records if r.passed)}), report: {out / 'report.html'}")
+    print(f"run: {result.run_dir} (log: {result.log_file})")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from pipelines.golden import compile_pipeline
+
+    targets = tuple(_csv(args.targets))
+    from components.core.specs import get_target
+
+    for t in targets:
+        get_target(t)
+    compile_pipeline(Path(args.out), targets)
+    print(args.out)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from pipelines.package_model import make_pipeline
+    from pipelines.submit import submit_run
+
+    targets, arguments, name = _pipeline_arguments(args, local_model=False)
+    run = submit_run(
+        make_pipeline(targets, parallelism=1),
+        arguments,
+        host=args.host,
+        experiment=args.experiment,
+        run_name=args.run_name or f"{name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        namespace=args.namespace,
+        token=os.environ.get(args.token_env) or None,
+    )
+    print(f"submitted run {run.run_id} (experiment {run.experiment_id}): {run.url}")
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -160,9 +235,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_package(args: argparse.Namespace) -> int:
-    from components.core.package import package_bundle
+    from components.core.package import package_dirs
 
-    manifest = package_bundle(
+    manifest = package_dirs(
         _existing_dir(args.export, "export"),
         [_existing_dir(v, "variant") for v in args.variant],
         Path(args.out),
@@ -220,13 +295,31 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", required=True, help="a Hugging Face checkpoint directory, or a bundled model name (all-MiniLM-L6-v2)"
-    )
+def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+    if required:
+        p.add_argument(
+            "--model", required=True, help="a Hugging Face checkpoint directory, or a bundled model (all-MiniLM-L6-v2)"
+        )
+    else:
+        p.add_argument(
+            "--model",
+            default="all-MiniLM-L6-v2",
+            help="a Hugging Face checkpoint directory, or a bundled model (default: all-MiniLM-L6-v2)",
+        )
     p.add_argument("--task", default="text-embedding", help="text-embedding (default) or image-classification")
     p.add_argument("--name", help="bundle name (default: the model's directory or name)")
     p.add_argument("--max-length", type=int, help="token limit of text models (default: the model's own)")
+
+
+def _add_variants(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--targets", default="cpu", help="comma-separated target presets: cpu, cuda (default: cpu)")
+    p.add_argument(
+        "--precisions",
+        default="fp32,int8",
+        help="comma-separated precisions: fp32, int8 (cpu), fp16 (cuda) (default: fp32,int8)",
+    )
+    p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
+    _add_thresholds(p)
 
 
 def _add_thresholds(p: argparse.ArgumentParser) -> None:
@@ -253,17 +346,38 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(p)
         return p
 
-    p = command("build", cmd_build, "export, optimize, validate, benchmark and package in one process")
-    _add_model(p)
-    p.add_argument("--targets", default="cpu", help="comma-separated target presets: cpu, cuda (default: cpu)")
+    p = command("run", cmd_run, "run the package_model Kubeflow pipeline on this machine (kfp.local)")
+    _add_model(p, required=False)
+    _add_variants(p)
+    p.add_argument("--out", help="bundle directory to create (default: dist/<name>)")
     p.add_argument(
-        "--precisions",
-        default="fp32,int8",
-        help="comma-separated precisions: fp32, int8 (cpu), fp16 (cuda) (default: fp32,int8)",
+        "--pipeline-root",
+        default=os.environ.get("ORTPACK_PIPELINE_ROOT", ".ortpack/runs"),
+        help="where kfp.local keeps each run's artifacts (default: .ortpack/runs, or ORTPACK_PIPELINE_ROOT)",
     )
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    p = command("compile", cmd_compile, "compile the package_model pipeline to KFP YAML (byte-identical every time)")
+    p.add_argument("--out", default="package_model.yaml", help="YAML file to write (default: package_model.yaml)")
+    p.add_argument("--targets", default="cpu,cuda", help="targets the pipeline has branches for (default: cpu,cuda)")
+
+    p = command("submit", cmd_submit, "compile the pipeline and start a run on a Kubeflow Pipelines endpoint")
+    p.add_argument("--host", required=True, help="Kubeflow Pipelines API endpoint, e.g. https://kfp.example.com")
+    _add_model(p, required=False)
+    _add_variants(p)
+    p.add_argument("--experiment", default="ortpack", help="experiment to add the run to (default: ortpack)")
+    p.add_argument("--run-name", help="run name (default: '<name> <date time>')")
+    p.add_argument("--namespace", help="Kubernetes namespace of a multi-user deployment")
+    p.add_argument(
+        "--token-env",
+        default="KFP_TOKEN",
+        help="environment variable holding a bearer token for the endpoint (default: KFP_TOKEN)",
+    )
+
+    p = command("build", cmd_build, "export, optimize, validate, benchmark and package in one process (no KFP)")
+    _add_model(p)
+    _add_variants(p)
     p.add_argument("--out", required=True, help="bundle directory to create, e.g. dist/all-MiniLM-L6-v2")
-    p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
-    _add_thresholds(p)
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--work-dir", help="keep intermediate step outputs here (default: a temporary directory)")
 

@@ -3,3 +3,5 @@
 Nothing under `serving` imports torch, transformers, kfp or `components`: the serving image
 installs only the `serve` extra.
 """
+
+__version__ = "0.1.0"

@@ -207,14 +207,14 @@ def write_bundle(
         if missing:
             raise BundleError(f"manifest points at files the bundle lacks: {missing}")
         (staging / MANIFEST_NAME).write_text(parsed.model_dump_json(indent=2) + "\n")
-        _replace_dir(staging, out_dir)
+        replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return parsed
 
 
-def _replace_dir(new: Path, dest: Path) -> None:
+def replace_dir(new: Path, dest: Path) -> None:
     """Rename `new` to `dest`; an existing `dest` is moved aside first and removed after."""
     if not dest.exists():
         os.rename(new, dest)

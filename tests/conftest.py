@@ -52,10 +52,10 @@ def tiny_variants(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tiny_export: Path, tiny_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from components.core.package import package_bundle
+    from components.core.package import package_dirs
 
     out = tmp_path_factory.mktemp("dist") / "tiny-bert"
-    package_bundle(tiny_export, list(tiny_variants.values()), out)
+    package_dirs(tiny_export, list(tiny_variants.values()), out)
     return out
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from components.core.build import build_bundle
 from components.core.errors import InvalidSpecError, NoVariantPassedError
-from components.core.package import package_bundle
+from components.core.package import package_dirs
 from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
 from serving.bundle import verify_bundle
 
@@ -62,7 +62,7 @@ def test_missed_variant_is_dropped_with_its_numbers(
     )
     assert not report.passed and report.misses[0].startswith("min_cosine")
     assert ParityReport.load(strict).values == report.values  # numbers kept on disk
-    manifest = package_bundle(tiny_export, [tiny_variants["cpu-fp32"], strict], tmp_path / "out")
+    manifest = package_dirs(tiny_export, [tiny_variants["cpu-fp32"], strict], tmp_path / "out")
     assert [v.id for v in manifest.variants] == ["cpu-fp32"]
     assert not (tmp_path / "out" / "variants" / "cpu-int8").exists()
 

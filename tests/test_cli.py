@@ -84,18 +84,16 @@ def test_bundle_verify(tiny_bundle: Path, tmp_path: Path) -> None:
     assert_one_line_error(ortpack("bundle", "verify", str(tmp_path / "none")), 2, "bundle directory not found")
 
 
-def test_validate_exits_1_on_a_miss(tiny_export: Path, tiny_variants: dict[str, Path]) -> None:
-    passed = ortpack("validate", "--export", str(tiny_export), "--variant", str(tiny_variants["cpu-fp32"]))
+def test_validate_exits_1_on_a_miss(tiny_export: Path, tiny_variants: dict[str, Path], tmp_path: Path) -> None:
+    # validate rewrites parity.json in the variant directory: work on copies of the shared fixtures
+    fp32, int8 = tmp_path / "fp32", tmp_path / "int8"
+    shutil.copytree(tiny_variants["cpu-fp32"], fp32)
+    shutil.copytree(tiny_variants["cpu-int8"], int8)
+    passed = ortpack("validate", "--export", str(tiny_export), "--variant", str(fp32))
     assert passed.returncode == 0, passed.stderr
     assert "neighbour_agreement" in passed.stdout
     missed = ortpack(
-        "validate",
-        "--export",
-        str(tiny_export),
-        "--variant",
-        str(tiny_variants["cpu-int8"]),
-        "--threshold",
-        "max_abs_diff=1e-9",
+        "validate", "--export", str(tiny_export), "--variant", str(int8), "--threshold", "max_abs_diff=1e-9"
     )
     assert_one_line_error(missed, 1, "parity gate missed by cpu-int8: max_abs_diff")
 

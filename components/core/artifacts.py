@@ -22,7 +22,8 @@ class _Record:
 
     def save(self, directory: Path) -> Path:
         path = Path(directory) / self.FILE
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")  # type: ignore[call-overload]
+        # no sort_keys: insertion order is meaningful (benchmark shapes, small to large)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")  # type: ignore[call-overload]
         return path
 
     @classmethod
@@ -136,6 +137,7 @@ class BenchmarkResult(_Record):
     execution_providers: list[str]
     shapes: dict[str, dict[str, float]]
     speedup_vs_torch: dict[str, float]
+    skipped: str | None = None
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -145,3 +147,55 @@ class BenchmarkResult(_Record):
         for shape, ratio in self.speedup_vs_torch.items():
             out[f"bench.speedup_vs_torch.{shape}"] = float(ratio)
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantRecord:
+    """Everything known about one variant: its optimized graph, its gate verdict, its speed."""
+
+    model_dir: Path
+    built: OptimizeResult
+    parity: ParityReport
+    benchmark: BenchmarkResult | None
+
+    @property
+    def variant_id(self) -> str:
+        return self.built.variant_id
+
+    @property
+    def passed(self) -> bool:
+        return self.parity.passed
+
+    @classmethod
+    def load(cls, directory: Path) -> VariantRecord:
+        """Read a directory holding optimize.json, parity.json and (if measured) benchmark.json."""
+        directory = Path(directory)
+        bench = BenchmarkResult.load(directory) if (directory / BenchmarkResult.FILE).is_file() else None
+        return cls(
+            model_dir=directory,
+            built=OptimizeResult.load(directory),
+            parity=ParityReport.load(directory),
+            benchmark=None if bench is None or bench.skipped else bench,
+        )
+
+
+def gather_variant(model_dir: Path, parity_dir: Path, out_dir: Path) -> Path:
+    """Put a variant's graph and records in one directory (hard links where the filesystem allows):
+    KFP hands each step's outputs over as separate artifacts; packaging wants them together."""
+    import os
+    import shutil
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    built = OptimizeResult.load(model_dir)
+    for src in (
+        Path(model_dir) / built.model_file,
+        Path(model_dir) / OptimizeResult.FILE,
+        Path(parity_dir) / ParityReport.FILE,
+    ):
+        dst = out_dir / src.name
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+    return out_dir

@@ -13,9 +13,12 @@ from serving.runtime import create_session, plan_session
 log = logging.getLogger("ortpack.benchmark")
 
 
-def benchmark_variant(variant_dir: Path, export_dir: Path, *, budget_s: float = 3.0) -> BenchmarkResult:
+def benchmark_variant(
+    variant_dir: Path, export_dir: Path, *, budget_s: float = 3.0, out_dir: Path | None = None
+) -> BenchmarkResult:
     """Latency of the variant in `variant_dir` at the task's benchmark shapes, loaded the way the
-    server loads it; speed-up against the PyTorch eager latency measured at export."""
+    server loads it; speed-up against the PyTorch eager latency measured at export. Saves
+    `benchmark.json` in `out_dir` (default: `variant_dir`)."""
     variant_dir, export_dir = Path(variant_dir), Path(export_dir)
     built = OptimizeResult.load(variant_dir)
     export = ExportResult.load(export_dir)
@@ -45,7 +48,7 @@ def benchmark_variant(variant_dir: Path, export_dir: Path, *, budget_s: float = 
         shapes=shapes,
         speedup_vs_torch=speedup,
     )
-    result.save(variant_dir)
+    result.save(Path(out_dir) if out_dir else variant_dir)
     log.info(
         "benchmark %s: %s",
         built.variant_id,

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport
+from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
 from components.core.errors import NoVariantPassedError
 from serving.bundle import Manifest, write_bundle
 
@@ -37,14 +37,14 @@ def _variant_record(built: OptimizeResult, parity: ParityReport, bench: Benchmar
 
 def package_bundle(
     export_dir: Path,
-    variant_dirs: list[Path],
+    records: list[VariantRecord],
     out_dir: Path,
     *,
     version: str = "1",
     force: bool = False,
     report_html: Path | None = None,
 ) -> Manifest:
-    """Write the bundle for every variant in `variant_dirs` whose `parity.json` passed.
+    """Write the bundle for every variant in `records` that passed its gate.
 
     Raises `NoVariantPassedError`, listing every variant's misses, when none passed; the bundle
     is written atomically, so a failure leaves nothing at `out_dir`.
@@ -53,20 +53,18 @@ def package_bundle(
 
     export_dir = Path(export_dir)
     export = ExportResult.load(export_dir)
-    variants, files, missed = [], {}, []
-    for vdir in map(Path, variant_dirs):
-        built = OptimizeResult.load(vdir)
-        parity = ParityReport.load(vdir)
-        if not parity.passed:
-            missed.append(parity.summary())
-            log.warning("package: dropping %s", parity.summary())
+    variants, files = [], {}
+    for rec in records:
+        if not rec.passed:
+            log.warning("package: dropping %s", rec.parity.summary())
             continue
-        bench = BenchmarkResult.load(vdir) if (vdir / BenchmarkResult.FILE).is_file() else None
-        record = _variant_record(built, parity, bench)
-        variants.append(record)
-        files[record["file"]] = vdir / built.model_file
+        entry = _variant_record(rec.built, rec.parity, rec.benchmark)
+        variants.append(entry)
+        files[entry["file"]] = rec.model_dir / rec.built.model_file
     if not variants:
-        raise NoVariantPassedError("no variant passed its parity gate: " + " | ".join(missed))
+        raise NoVariantPassedError(
+            "no variant passed its parity gate: " + " | ".join(r.parity.summary() for r in records)
+        )
     for name in export.extra_files:
         files[name] = export_dir / name
     if report_html is not None:
@@ -80,6 +78,12 @@ def package_bundle(
     written = write_bundle(Path(out_dir), manifest, files, force=force)
     log.info("package: wrote %s with variants %s", out_dir, ", ".join(v.id for v in written.variants))
     return written
+
+
+def package_dirs(export_dir: Path, variant_dirs: list[Path], out_dir: Path, **kwargs: Any) -> Manifest:
+    """`package_bundle` for directories that each hold a variant's graph and records."""
+    records = sorted((VariantRecord.load(d) for d in variant_dirs), key=lambda r: r.variant_id)
+    return package_bundle(export_dir, records, out_dir, **kwargs)
 
 
 def _ortpack_version() -> str:

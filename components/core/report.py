@@ -1,0 +1,298 @@
+"""The human report of a build: a self-contained `report.html` (inline PNG plots, no network),
+a Markdown summary for KFP, and the plain-text table the CLI prints. All three read the same
+step records, so they always agree."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from components.core.artifacts import ExportResult, VariantRecord
+from components.core.parity import GATES
+
+Row = tuple[str, ...]
+_COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
+
+
+def summary_rows(export: ExportResult, records: Sequence[VariantRecord]) -> list[Row]:
+    """Header plus one row per engine: PyTorch first, then each variant."""
+    shapes = list(export.torch_latency)
+    header: Row = (
+        "variant",
+        "gate",
+        "max|diff|",
+        "min cos",
+        "neighbours",
+        "MB",
+        *(f"p50 {s}" for s in shapes),
+        *(f"vs torch {s}" for s in shapes),
+    )
+    rows = [header]
+    torch_cells = tuple(f"{export.torch_latency[s]['p50_ms']:.2f} ms" for s in shapes)
+    rows.append(("pytorch", "-", "-", "-", "-", f"{export.metrics['mb']:.1f}", *torch_cells, *("1.0x" for _ in shapes)))
+    for rec in records:
+        v, bench = rec.parity.values, rec.benchmark
+        rows.append(
+            (
+                rec.variant_id,
+                "pass" if rec.passed else "MISS",
+                f"{v['max_abs_diff']:.2g}" if "max_abs_diff" in v else "-",
+                f"{v['min_cosine']:.5f}" if "min_cosine" in v else "-",
+                f"{v['neighbour_agreement']:.3f}" if "neighbour_agreement" in v else "-",
+                f"{rec.built.metrics['mb']:.1f}",
+                *(f"{bench.shapes[s]['p50_ms']:.2f} ms" if bench and s in bench.shapes else "-" for s in shapes),
+                *(
+                    f"{bench.speedup_vs_torch[s]:.1f}x" if bench and s in bench.speedup_vs_torch else "-"
+                    for s in shapes
+                ),
+            )
+        )
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_summary(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    """The table the CLI prints after a build, with every miss spelled out below it."""
+    text = format_table(summary_rows(export, records))
+    misses = [f"missed: {r.parity.summary()}" for r in records if not r.passed]
+    return "\n".join([text, *misses])
+
+
+def markdown_summary(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    rows = summary_rows(export, records)
+    lines = [f"# {export.name}: {sum(r.passed for r in records)} of {len(records)} variants passed", ""]
+    lines.append("| " + " | ".join(rows[0]) + " |")
+    lines.append("|" + "|".join("---" for _ in rows[0]) + "|")
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    misses = [r.parity.summary() for r in records if not r.passed]
+    if misses:
+        lines += ["", "**Dropped (missed the parity gate):**", ""] + [f"- {m}" for m in misses]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _figure_png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _colour(name: str) -> str:
+    return next((c for key, c in _COLOURS.items() if name.endswith(key) or name == key), "#9467bd")
+
+
+def plot_latency(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    import matplotlib.pyplot as plt
+
+    shapes = list(export.torch_latency)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.2 * len(shapes), 3.4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        names, p50, p95 = ["pytorch"], [export.torch_latency[shape]["p50_ms"]], [export.torch_latency[shape]["p95_ms"]]
+        for rec in records:
+            if rec.benchmark and shape in rec.benchmark.shapes:
+                names.append(rec.variant_id)
+                p50.append(rec.benchmark.shapes[shape]["p50_ms"])
+                p95.append(rec.benchmark.shapes[shape]["p95_ms"])
+        ypos = range(len(names))
+        ax.barh(ypos, p50, color=[_colour(n) for n in names], label="p50")
+        ax.scatter(p95, ypos, marker="|", s=300, color="black", label="p95", zorder=3)
+        for y, (a, b) in enumerate(zip(p50, p95, strict=True)):
+            ax.text(b, y, f"  {a:.2f} ms ({p50[0] / a:.1f}x)", va="center", fontsize=8)
+        ax.set_yticks(list(ypos), names)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(p95) * 1.6)
+        ax.set_xlabel("latency, ms (bar p50, tick p95)")
+        ax.set_title(shape.replace("_", " x ").replace("b", "batch ").replace("s", "tokens ", 1))
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    return _figure_png(fig)
+
+
+def plot_cosine(records: Sequence[VariantRecord]) -> str:
+    """Per-sentence 1 - cosine to PyTorch on a log axis: fp32 near 1e-7, int8 near 1e-2."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * max(1, len(records))))
+    for y, rec in enumerate(records):
+        cos = np.asarray(rec.parity.per_item.get("cosine", []), dtype=float)
+        if cos.size == 0:
+            continue
+        gap = np.clip(1.0 - cos, 1e-9, None)
+        jitter = np.random.default_rng(y).uniform(-0.18, 0.18, gap.size)
+        ax.scatter(gap, y + jitter, s=4, alpha=0.45, color=_colour(rec.variant_id))
+        ax.plot([np.median(gap)] * 2, [y - 0.3, y + 0.3], color="black", lw=1.5)
+        limit = rec.parity.thresholds.get("min_cosine")
+        if limit is not None:
+            ax.plot([max(1 - limit, 1e-9)] * 2, [y - 0.4, y + 0.4], color="red", lw=1, ls="--")
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(records)), [r.variant_id for r in records])
+    ax.invert_yaxis()
+    ax.set_xlabel("1 - cosine similarity to PyTorch, per sentence (black: median, red dashed: gate)")
+    return _figure_png(fig)
+
+
+def plot_neighbours(records: Sequence[VariantRecord]) -> str:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * max(1, len(records))))
+    for y, rec in enumerate(records):
+        overlap = np.asarray(rec.parity.per_item.get("neighbour_overlap", []), dtype=float)
+        if overlap.size == 0:
+            continue
+        left = 0.0
+        for k in sorted(set(np.round(overlap, 2)), reverse=True):
+            share = float(np.mean(np.round(overlap, 2) == k))
+            ax.barh(y, share, left=left, color=_colour(rec.variant_id), alpha=0.25 + 0.75 * k, edgecolor="white")
+            if share > 0.06:
+                ax.text(left + share / 2, y, f"{k * 10:.0f}/10", ha="center", va="center", fontsize=7)
+            left += share
+        ax.text(1.01, y, f"mean {overlap.mean():.3f}", va="center", fontsize=8)
+    ax.set_xlim(0, 1.15)
+    ax.set_yticks(range(len(records)), [r.variant_id for r in records])
+    ax.invert_yaxis()
+    ax.set_xlabel("share of sentences by how many of their 10 nearest neighbours (PyTorch) the variant keeps")
+    return _figure_png(fig)
+
+
+def plot_sizes(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    import matplotlib.pyplot as plt
+
+    names = ["raw export", *(r.variant_id for r in records)]
+    sizes = [export.metrics["mb"], *(r.built.metrics["mb"] for r in records)]
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.45 * len(names)))
+    ax.barh(range(len(names)), sizes, color=[_colour("pytorch"), *(_colour(r.variant_id) for r in records)])
+    for y, mb in enumerate(sizes):
+        ax.text(mb, y, f" {mb:.1f} MB", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(sizes) * 1.25)
+    ax.set_xlabel("model file size, MB")
+    return _figure_png(fig)
+
+
+# ---------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.6em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f4f4f4}.pass{color:#176e2c;font-weight:600}.miss{color:#b00020;font-weight:600}
+img{max-width:100%}code{background:#f4f4f4;padding:0 3px}
+"""
+
+
+def _table(rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in rows[0])
+    body = ""
+    for row in rows[1:]:
+        cells = []
+        for c in row:
+            text = html.escape(str(c))
+            cls = ' class="pass"' if text == "pass" else ' class="miss"' if text == "MISS" else ""
+            cells.append(f"<td{cls}>{text}</td>")
+        body += "<tr>" + "".join(cells) + "</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(export: ExportResult, records: Sequence[VariantRecord], versions: dict[str, str]) -> str:
+    passed = sum(r.passed for r in records)
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>ortpack report: {html.escape(export.name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(export.name)}: {passed} of {len(records)} variants passed their parity gate</h1>",
+        f"<p>Task <code>{html.escape(export.task)}</code>, "
+        f"source <code>{html.escape(str(export.source.get('id')))}</code>, "
+        f"{int(export.metrics.get('validation_samples', 0))} validation samples.</p>",
+        "<h2>Summary</h2>",
+        _table(summary_rows(export, records)),
+    ]
+    misses = [r.parity.summary() for r in records if not r.passed]
+    if misses:
+        parts.append(
+            "<p class='miss'>Dropped:</p><ul>" + "".join(f"<li>{html.escape(m)}</li>" for m in misses) + "</ul>"
+        )
+    parts += [
+        "<h2>Latency against PyTorch</h2>",
+        f"<img alt='latency per variant' src='data:image/png;base64,{plot_latency(export, records)}'>",
+        "<h2>Agreement with PyTorch, per sentence</h2>",
+        f"<img alt='cosine distribution' src='data:image/png;base64,{plot_cosine(records)}'>",
+        "<h2>Neighbour agreement</h2>",
+        f"<img alt='neighbour agreement' src='data:image/png;base64,{plot_neighbours(records)}'>",
+        "<h2>Model size</h2>",
+        f"<img alt='model size' src='data:image/png;base64,{plot_sizes(export, records)}'>",
+        "<h2>Parity numbers and gates</h2>",
+    ]
+    gate_rows: list[list[Any]] = [["variant", "metric", "value", "gate"]]
+    for rec in records:
+        for name, value in sorted(rec.parity.values.items()):
+            op, field = GATES.get(name, ("", ""))
+            limit = rec.parity.thresholds.get(field)
+            gate_rows.append([rec.variant_id, name, f"{value:.6g}", f"{op} {limit:g}" if limit is not None else ""])
+    parts.append(_table(gate_rows))
+    facts: list[list[Any]] = [
+        [
+            "variant",
+            "execution providers",
+            "validated on",
+            "ORT",
+            "opset",
+            "offline level",
+            "nodes before -> after",
+            "fusions",
+        ]
+    ]
+    for rec in records:
+        b = rec.built
+        fusions = ", ".join(f"{k} {n}" for k, n in sorted(b.metrics.get("fusions", {}).items())) or "-"
+        facts.append(
+            [
+                b.variant_id,
+                ", ".join(b.execution_providers),
+                rec.parity.validated_on,
+                b.ort_version,
+                b.opset,
+                b.offline_optimization_level,
+                f"{b.metrics['nodes_before']} -> {b.metrics['nodes_after']}",
+                fusions,
+            ]
+        )
+    parts += [
+        "<h2>What each variant was built for</h2>",
+        _table(facts),
+        "<h2>Versions</h2>",
+        _table([["package", "version"], *sorted(versions.items())]),
+    ]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    export_dir: Path, records: Sequence[VariantRecord], html_path: Path, markdown_path: Path | None = None
+) -> None:
+    """Write report.html (and the Markdown summary) for a build's step records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import onnxruntime
+
+    export = ExportResult.load(export_dir)
+    versions = {**export.versions, "onnxruntime": onnxruntime.__version__}
+    Path(html_path).write_text(render_html(export, records, versions), encoding="utf-8")
+    if markdown_path is not None:
+        Path(markdown_path).write_text(markdown_summary(export, records), encoding="utf-8")

@@ -1,0 +1,62 @@
+"""KFP component: the parity gate of one variant against PyTorch."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
+
+from components.images import COMPONENT_IMAGE
+
+
+@dsl.component(base_image=COMPONENT_IMAGE)
+def validate_variant(
+    exported: Input[Model],
+    variant: Input[Model],
+    thresholds: dict,
+    report: Output[Dataset],
+    metrics: Output[Metrics],
+    ort_version: str,
+    fail_on_miss: bool = False,
+) -> bool:
+    """Compare one variant with the PyTorch reference outputs and apply its parity gate.
+
+    Every number is logged before the verdict. In the pipeline the verdict is returned, so one
+    variant's miss does not stop the others (the package step fails the run when none passed);
+    with fail_on_miss the step itself fails on a miss.
+
+    Args:
+        exported: The export step's directory (reference outputs).
+        variant: The optimize step's directory.
+        thresholds: Overrides of the default gates, {precision or "*": {name: value}}.
+        report: Directory with parity.json (every number, the thresholds, the misses).
+        metrics: parity.max_abs_diff, parity.mean_abs_diff, parity.min_cosine,
+            parity.mean_cosine, parity.neighbour_agreement, parity.passed, ...
+        fail_on_miss: Fail this step when the variant misses its gate.
+        ort_version: The onnxruntime the image pins: part of the cache key, so results built with
+            another onnxruntime are not reused.
+
+    Returns:
+        Whether the variant passed its gate.
+    """
+    from pathlib import Path
+
+    from components.core.artifacts import ExportResult, OptimizeResult
+    from components.core.logs import log_to_stdout
+    from components.core.parity import validate_variant as run_validate
+    from components.core.specs import thresholds_for
+
+    log_to_stdout()
+    built = OptimizeResult.load(Path(variant.path))
+    task = ExportResult.load(Path(exported.path)).task
+    Path(report.path).mkdir(parents=True, exist_ok=True)
+    parity = run_validate(
+        Path(variant.path),
+        Path(exported.path),
+        thresholds_for(task, built.precision, thresholds),
+        out_dir=Path(report.path),
+    )
+    for key, value in parity.metrics().items():
+        metrics.log_metric(key, value)
+    report.metadata.update({"variant_id": parity.variant_id, "passed": parity.passed, "misses": parity.misses})
+    print(f"parity {parity.summary()}")
+    if fail_on_miss:
+        parity.raise_if_failed()
+    return parity.passed

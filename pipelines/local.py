@@ -1,0 +1,151 @@
+"""`ortpack run`: the package_model pipeline on this machine with `kfp.local`.
+
+Steps run as subprocesses in the current environment (`SubprocessRunner(use_venv=False)`), so
+`packages_to_install` must stay empty. kfp.local prints every step's output to stdout: we keep
+all of it in `<run>/ortpack-run.log` and show step transitions and ortpack's progress lines.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.core.errors import InvalidSpecError, NoVariantPassedError, OrtpackError
+
+log = logging.getLogger("ortpack.run")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROGRESS = re.compile(r"Executing task|finished with status|^\s*\[ortpack")
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
+
+
+class PipelineRunError(OrtpackError, RuntimeError):
+    """A step of a local pipeline run failed; the message is that step's own error."""
+
+
+class _ProgressStream(io.TextIOBase):
+    """Tee kfp.local's stdout into a log file; echo the interesting lines."""
+
+    def __init__(self, log_file: io.TextIOBase, echo: Callable[[str], None], verbose: bool) -> None:
+        self.log_file, self.echo, self.verbose = log_file, echo, verbose
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.log_file.write(text)
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            clean = _ANSI.sub("", line).rstrip()
+            if clean and (self.verbose or _PROGRESS.search(clean)):
+                self.echo(clean)
+        return len(text)
+
+    def flush(self) -> None:
+        self.log_file.flush()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalRun:
+    run_dir: Path
+    bundle_dir: Path
+    log_file: Path
+
+
+def _new_run_dir(root: Path, before: set[Path]) -> Path | None:
+    created = [p for p in root.iterdir() if p.is_dir() and p not in before]
+    return max(created, key=lambda p: p.stat().st_mtime) if created else None
+
+
+def last_error(log_file: Path) -> str | None:
+    """The message of the last `SomeError: message` line a step printed (its exception), if any.
+    kfp.local's own summary ("... Inner task failed: ...") is not a step's error and is skipped."""
+    found = None
+    for line in log_file.read_text(errors="replace").splitlines():
+        line = _ANSI.sub("", line)
+        match = _ERROR_LINE.match(line)
+        if match and "Inner task failed" not in line:
+            found = match.group(2).strip()
+    return found
+
+
+def run_pipeline_locally(
+    pipeline: Callable[..., Any],
+    arguments: dict[str, Any],
+    *,
+    pipeline_root: Path,
+    out_dir: Path,
+    force: bool = False,
+    verbose: bool = False,
+    echo: Callable[[str], None] = print,
+) -> LocalRun:
+    """Run `pipeline` with kfp.local and copy its bundle to `out_dir` (atomically)."""
+    from kfp import local
+
+    from serving.bundle import replace_dir, verify_bundle
+
+    pipeline_root = Path(pipeline_root).resolve()
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    before = set(pipeline_root.iterdir())
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
+    scratch_log = pipeline_root / f".ortpack-run-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    failure: Exception | None = None
+    with open(scratch_log, "w") as fh:
+        stream = _ProgressStream(fh, echo, verbose)
+        # kfp.local also logs some lines on the root logger outside its own handler: keep them too
+        root_handler = logging.StreamHandler(stream)  # type: ignore[arg-type]
+        logging.getLogger().addHandler(root_handler)
+        # kfp.local swaps builtins.print per task (to indent step output); with tasks on several
+        # threads the swaps interleave and can leave it swapped. Put the real one back after.
+        real_print = builtins.print
+        try:
+            with contextlib.redirect_stdout(stream):  # type: ignore[type-var]
+                pipeline(**arguments)
+        except Exception as exc:  # noqa: BLE001 - reported below with the step's own message
+            failure = exc
+        finally:
+            logging.getLogger().removeHandler(root_handler)
+            builtins.print = real_print
+    run_dir = _new_run_dir(pipeline_root, before)
+    log_file = scratch_log
+    if run_dir is not None:
+        log_file = run_dir / "ortpack-run.log"
+        shutil.move(scratch_log, log_file)
+    if failure is not None:
+        step_error = last_error(log_file) or " ".join(_ANSI.sub("", str(failure)).split())
+        if "no variant passed its parity gate" in step_error:
+            raise NoVariantPassedError(step_error)
+        raise PipelineRunError(f"{step_error} (full log: {log_file})")
+    if run_dir is None:
+        raise PipelineRunError(f"kfp.local wrote no run directory under {pipeline_root}")
+    bundles = sorted(run_dir.glob("**/package-bundle/bundle"))
+    if not bundles:
+        raise PipelineRunError(f"the run finished without a bundle (full log: {log_file})")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise InvalidSpecError(f"output directory exists: {out_dir} (use --force to replace it)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(bundles[-1], staging)
+    verify_bundle(staging)
+    replace_dir(staging, out_dir)
+    return LocalRun(run_dir=run_dir, bundle_dir=out_dir, log_file=log_file)
+
+
+def load_run_records(run_dir: Path) -> tuple[Any, list[Any]]:
+    """The export record and every measured variant of a local run (for the summary table)."""
+    from components.core.artifacts import ExportResult, VariantRecord
+
+    exports = sorted(Path(run_dir).glob("**/export-model/exported"))
+    export = ExportResult.load(exports[-1])
+    records = [VariantRecord.load(d) for d in sorted(Path(run_dir).glob("**/benchmark-variant*/measured"))]
+    return export, sorted(records, key=lambda r: r.variant_id)

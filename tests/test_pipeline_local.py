@@ -1,0 +1,118 @@
+"""Real kfp.local runs of the package_model pipeline through `ortpack run` (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.bundle import verify_bundle
+
+pytestmark = pytest.mark.slow
+
+
+def ortpack_run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "--pipeline-root", str(cwd / "runs"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=900,
+    )
+
+
+def _metrics(run_dir: Path, step: str) -> list[dict[str, float]]:
+    found = []
+    for path in sorted(run_dir.glob(f"**/{step}/executor_output.json")):
+        artifacts = json.loads(path.read_text())["artifacts"]
+        found.append(artifacts["metrics"]["artifacts"][0]["metadata"])
+    return found
+
+
+def test_full_local_run(tiny_bert: Path, tmp_path: Path) -> None:
+    result = ortpack_run("--model", str(tiny_bert), "--name", "tiny", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bundle = tmp_path / "dist" / "tiny"
+    manifest = verify_bundle(bundle)
+    assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]
+    report = (bundle / "report.html").read_text()
+    assert report.count("data:image/png;base64,") == 4 and "<script" not in report and "http" not in report
+    # the summary table and progress per step
+    assert "cpu-int8  pass" in result.stdout and "report: dist/tiny/report.html" in result.stdout
+    assert "Executing task 'validate-variant'" in result.stderr
+
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert (run_dir / "ortpack-run.log").is_file()
+    parity = _metrics(run_dir, "validate-variant")
+    assert len(parity) == 2 and all(m["parity.passed"] == 1.0 for m in parity)
+    assert all({"parity.min_cosine", "parity.neighbour_agreement", "parity.max_abs_diff"} <= set(m) for m in parity)
+    bench = _metrics(run_dir, "benchmark-variant")
+    assert all(m["bench.speedup_vs_torch.b1_s16"] > 0 and m["bench.p95_ms.b1_s16"] > 0 for m in bench)
+    (optimize,) = _metrics(run_dir, "optimize-variant")[:1]
+    assert optimize["optimize.nodes_after"] < optimize["optimize.nodes_before"]
+    (package,) = _metrics(run_dir, "package-bundle")
+    assert package["variants.passed"] == 2.0 and package["cpu-int8.parity.min_cosine"] > 0.9
+    summary = next(run_dir.glob("**/package-bundle/summary")).read_text()
+    assert summary.startswith("# tiny: 2 of 2 variants passed")
+
+    # a second run does not clobber the first unless asked
+    again = ortpack_run("--model", str(tiny_bert), "--name", "tiny", cwd=tmp_path)
+    assert again.returncode == 2 and "output directory exists" in again.stderr and "Traceback" not in again.stderr
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # refused before any step ran
+
+
+def test_a_missed_variant_does_not_stop_the_others(tiny_bert: Path, tmp_path: Path) -> None:
+    result = ortpack_run(
+        "--model", str(tiny_bert), "--name", "tiny", "--threshold", "int8.min_cosine=0.99999", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = verify_bundle(tmp_path / "dist" / "tiny")
+    assert [v.id for v in manifest.variants] == ["cpu-fp32"]
+    assert "cpu-int8  MISS" in result.stdout and "missed: cpu-int8: min_cosine" in result.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    verdicts = {m["parity.passed"] for m in _metrics(run_dir, "validate-variant")}
+    assert verdicts == {0.0, 1.0}  # the missed variant's numbers are logged too
+    assert "min_cosine" in (tmp_path / "dist" / "tiny" / "report.html").read_text()
+
+
+def test_every_variant_missing_fails_the_run_and_ships_nothing(tiny_bert: Path, tmp_path: Path) -> None:
+    result = ortpack_run(
+        "--model",
+        str(tiny_bert),
+        "--name",
+        "tiny",
+        "--threshold",
+        "max_abs_diff=0",
+        "--threshold",
+        "min_cosine=1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ortpack: error:")]
+    assert len(errors) == 1 and "no variant passed its parity gate" in errors[0]
+    assert "cpu-fp32: max_abs_diff" in errors[0] and "cpu-int8: max_abs_diff" in errors[0]
+    assert "Traceback" not in result.stderr.split("ortpack: error:")[-1]
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "fragment"),
+    [
+        (["--model", "/no/such/model"], 2, "model path not found"),
+        (["--task", "translation"], 2, "unknown task 'translation'"),
+        (["--targets", "tpu"], 2, "unknown target 'tpu'"),
+        (["--targets", ","], 2, "no targets given"),
+        (["--precisions", "fp8"], 2, "unknown precision 'fp8'"),
+        (["--threshold", "min_cosine=7"], 2, "min_cosine must be in [-1, 1]"),
+    ],
+)
+def test_bad_input_fails_before_any_step(args: list[str], code: int, fragment: str, tmp_path: Path) -> None:
+    result = ortpack_run(*args, cwd=tmp_path)
+    assert result.returncode == code
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ortpack: error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # no step ran
