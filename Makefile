@@ -6,9 +6,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := export,serve,kfp,dev
+EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install run test unit lint typecheck format bench clean golden
+.PHONY: install run test unit lint typecheck format bench clean golden serve-lock bench-serve serve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/hadolint Dockerfile.component
+	$(BIN)/hadolint Dockerfile.component Dockerfile.serve
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -44,8 +44,27 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/model_latency.py
 
+# The serving benchmark needs wrk (Debian package) and a bundle from `make run`.
+bench-serve: $(STAMP)
+	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
+	test -d dist/all-MiniLM-L6-v2 || $(MAKE) run
+	$(PY) bench/serve_load.py
+
+# Serve the bundle from `make run` on 127.0.0.1:8080 (ORTPACK_* variables configure it).
+serve: $(STAMP)
+	test -d dist/all-MiniLM-L6-v2 || $(MAKE) run
+	$(BIN)/ortpack-serve --bundle dist/all-MiniLM-L6-v2
+
 clean:
 	rm -rf dist build *.egg-info .mypy_cache .ruff_cache
+
+# Re-pin serving/requirements.lock: the serve extra's closure minus huggingface_hub and its deps.
+serve-lock:
+	rm -rf /tmp/ortpack-serve-lock && $(PYTHON) -m venv /tmp/ortpack-serve-lock
+	/tmp/ortpack-serve-lock/bin/python -m pip install --quiet ".[serve]"
+	{ sed -n '1,3p' serving/requirements.lock; /tmp/ortpack-serve-lock/bin/python -m pip freeze --exclude-editable \
+		| grep -v -i -E '^(ortpack|huggingface.hub|hf.xet|pyyaml|fsspec|filelock|tqdm|httpx2|httpcore2|truststore)[=@ ]' \
+		| sort -f; } > serving/requirements.lock.new && mv serving/requirements.lock.new serving/requirements.lock
 
 golden: $(STAMP)
 	$(PY) -m pipelines.golden

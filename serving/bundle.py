@@ -261,8 +261,9 @@ def read_manifest(bundle_dir: Path) -> Manifest:
         raise BundleError(f"invalid {MANIFEST_NAME} in {bundle_dir}: {_first_error(exc)}") from None
 
 
-def verify_bundle(bundle_dir: Path) -> Manifest:
-    """Read the manifest and check every listed file's size and sha256.
+def verify_bundle(bundle_dir: Path, only: list[str] | None = None) -> Manifest:
+    """Read the manifest and check every listed file's size and sha256 (or only the files in
+    `only`: a server verifies what it loads, not variants it will never open).
 
     Raises `BundleError` naming the first problem: unknown schema version, a file the manifest
     points at but does not list, a missing file, a size or checksum mismatch. Files present but
@@ -274,7 +275,8 @@ def verify_bundle(bundle_dir: Path) -> Manifest:
     if unlisted:
         raise BundleError(f"manifest points at unlisted files: {unlisted}")
     root = bundle_dir.resolve()
-    for rel, entry in sorted(manifest.files.items()):
+    selected = manifest.files if only is None else {rel: manifest.files[rel] for rel in only}
+    for rel, entry in sorted(selected.items()):
         path = bundle_dir / _safe_relpath(rel)
         if not path.resolve().is_relative_to(root):
             raise BundleError(f"file escapes the bundle: {rel}")

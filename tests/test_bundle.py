@@ -147,3 +147,10 @@ def test_rejects_non_bundles(tmp_path: Path) -> None:
         verify_bundle(tmp_path / "nope")
     with pytest.raises(BundleError, match="has no manifest.json"):
         verify_bundle(tmp_path)
+
+
+def test_verify_only_selected_files(bundle: Path) -> None:
+    (bundle / "tokenizer.json").write_text("tampered")
+    verify_bundle(bundle, only=["variants/cpu-fp32/model.onnx"])  # the tokenizer is not checked
+    with pytest.raises(BundleError, match="tokenizer.json"):
+        verify_bundle(bundle, only=["tokenizer.json"])

@@ -1,0 +1,442 @@
+"""Serving benchmark: a naive PyTorch + FastAPI server, a simple FastAPI + ONNX Runtime server and
+ortpack's server, on the same bundle's model, in one run.
+
+    python bench/serve_load.py [--bundle dist/all-MiniLM-L6-v2] [--seconds 10]
+
+Load comes from `wrk` (C, closed loop: each connection sends its next request when the last is
+answered), posting single sentences of 16-32 tokens from bench/data/queries.jsonl at concurrency
+1, 8 and 32, and 16-sentence requests at concurrency 8. Every server gets a discarded warm-up
+run first. Reported per run: requests/s, sentences/s, p50/p99 latency, errors (non-2xx and
+socket), peak RSS of the server's process tree, and its CPU time per request; per server: cold
+start (process start to readiness 200). Also: the offline bound (the same variant called directly,
+no HTTP) and the CPU cost of each layer of ortpack's server. Prints tables, writes
+bench/results/serve_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+LUA = ROOT / "bench" / "wrk" / "post_bodies.lua"
+QUERIES = ROOT / "bench" / "data" / "queries.jsonl"
+WORKLOADS = [("1 sentence", 1, 1), ("1 sentence", 8, 1), ("1 sentence", 32, 1), ("16 sentences", 8, 16)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_commands(bundle: Path, port: int) -> dict[str, tuple[list[str], dict[str, str]]]:
+    uvicorn = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--workers",
+        "2",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    return {
+        "naive pytorch": ([*uvicorn, "bench.baselines.naive_torch:app"], {}),
+        "simple ort int8": ([*uvicorn, "bench.baselines.simple_ort:app"], {"BUNDLE": str(bundle)}),
+        "ortpack": (
+            [sys.executable, "-m", "serving", "--bundle", str(bundle), "--port", str(port), "--log-level", "warning"],
+            {},
+        ),
+    }
+
+
+def tree(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    total = 0.0
+    for p in tree(proc):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def rss_mb(proc: psutil.Process) -> float:
+    total = 0
+    for p in tree(proc):
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 1e6
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> float:
+    import urllib.request
+
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as answer:
+                if answer.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise SystemExit(f"server at {url} not ready after {timeout} s")
+
+
+def run_wrk(url: str, bodies: Path, connections: int, seconds: float, proc: psutil.Process) -> dict[str, Any]:
+    peak = [rss_mb(proc)]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            peak[0] = max(peak[0], rss_mb(proc))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cpu0 = cpu_seconds(proc)
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s", str(LUA), f"{url}/v1/embeddings"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WRK_BODIES": str(bodies)},
+        check=True,
+    ).stdout
+    cpu1 = cpu_seconds(proc)
+    stop.set()
+    sampler.join()
+    found = re.search(r"WRK_JSON (\{.*\})", out)
+    if not found:
+        raise SystemExit(f"wrk printed no summary:\n{out}")
+    stats = json.loads(found.group(1))
+    requests = max(1, stats["requests"])
+    return {
+        "requests_per_s": stats["requests"] / (stats["duration_us"] / 1e6),
+        "p50_ms": stats["p50_us"] / 1000,
+        "p99_ms": stats["p99_us"] / 1000,
+        "errors": sum(stats[k] for k in stats if k.startswith("errors_")),
+        "peak_rss_mb": peak[0],
+        "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / requests,
+        "requests": stats["requests"],
+    }
+
+
+def write_bodies(directory: Path, model: str) -> dict[int, Path]:
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    paths = {}
+    for per_request in {w[2] for w in WORKLOADS}:
+        path = directory / f"bodies-{per_request}.jsonl"
+        with open(path, "w") as fh:
+            for i in range(0, len(queries), 1 if per_request == 1 else 7):
+                texts = [queries[(i + k) % len(queries)] for k in range(per_request)]
+                fh.write(json.dumps({"input": texts[0] if per_request == 1 else texts, "model": model}) + "\n")
+        paths[per_request] = path
+    return paths
+
+
+def bench_server(
+    name: str, command: list[str], env: dict[str, str], port: int, bodies: dict[int, Path], seconds: float
+) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        cold = wait_ready(url, proc)
+        handle = psutil.Process(proc.pid)
+        print(f"{name}: ready in {cold:.2f} s (RSS {rss_mb(handle):.0f} MB); warming up", flush=True)
+        run_wrk(url, bodies[1], 8, 3, handle)
+        runs = []
+        for label, connections, per_request in WORKLOADS:
+            result = run_wrk(url, bodies[per_request], connections, seconds, handle)
+            result.update(
+                workload=label,
+                concurrency=connections,
+                sentences_per_request=per_request,
+                sentences_per_s=result["requests_per_s"] * per_request,
+            )
+            runs.append(result)
+            print(
+                f"  {label} c={connections}: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
+                f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}",
+                flush=True,
+            )
+        return {"server": name, "cold_start_s": cold, "startup_total_s": time.perf_counter() - started, "runs": runs}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def offline_bound(bundle: Path, seconds: float = 4.0) -> dict[str, float]:
+    """The served variant called directly (no HTTP, no queue): two callers x one thread, the
+    configuration the server runs, at batch 1 and 8; sentences per second."""
+    from serving.config import ServeConfig
+    from serving.metrics import Metrics
+    from serving.service import load_service
+
+    service = load_service(bundle, ServeConfig(bundle=str(bundle)), Metrics())
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    payloads = service.encoder.encode(queries).payloads
+    out = {}
+    for batch in (1, 8):
+        groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
+        for g in groups[:20]:
+            service.backend.run(g)
+        done = [0]
+        lock = threading.Lock()
+        deadline = time.perf_counter() + seconds
+
+        def work(
+            k: int,
+            groups: list[Any] = groups,
+            batch: int = batch,
+            deadline: float = deadline,
+            lock: threading.Lock = lock,
+            done: list[int] = done,
+        ) -> None:
+            i = k
+            while time.perf_counter() < deadline:
+                service.backend.run(groups[i % len(groups)])
+                i += 2
+                with lock:
+                    done[0] += batch
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out[f"batch_{batch}"] = done[0] / (time.perf_counter() - t0)
+    return out
+
+
+def layer_costs(bundle: Path, http_cpu_ms: float) -> dict[str, float]:
+    """Microseconds of CPU per single-sentence request in each layer of ortpack's server."""
+    import numpy as np
+    import orjson
+
+    from serving.batcher import Batcher
+    from serving.config import ServeConfig
+    from serving.metrics import Metrics
+    from serving.service import load_service
+
+    service = load_service(bundle, ServeConfig(bundle=str(bundle)), Metrics())
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    bodies = [orjson.dumps({"input": q, "model": "m"}) for q in queries]
+    encoded = [service.encoder.encode([q]) for q in queries]
+
+    def per_call(fn: Any, n: int = 2000) -> float:
+        t0 = time.thread_time()
+        for i in range(n):
+            fn(i % len(queries))
+        return (time.thread_time() - t0) / n * 1e6
+
+    row = np.zeros(service.dim, dtype=np.float32)
+    costs = {
+        "json parse": per_call(lambda i: orjson.loads(bodies[i])),
+        "tokenize": per_call(lambda i: service.encoder.encode([queries[i]])),
+        "json answer": per_call(
+            lambda i: orjson.dumps(
+                {
+                    "object": "list",
+                    "data": [{"object": "embedding", "index": 0, "embedding": row}],
+                    "model": "m",
+                    "usage": {"prompt_tokens": 20, "total_tokens": 20},
+                },
+                option=orjson.OPT_SERIALIZE_NUMPY,
+            )
+        ),
+        "onnx runtime (batch 1, 1 thread)": per_call(lambda i: service.backend.run(encoded[i].payloads), 800),
+    }
+
+    class NullBackend:
+        def run(self, payloads: Any) -> Any:
+            return np.zeros((len(payloads), 4), dtype=np.float32)
+
+    async def queue_round_trips(n: int = 3000) -> float:
+        batcher = Batcher(NullBackend(), max_batch_size=32, max_queue_size=1024, workers=2)
+        batcher.start()
+        t0 = time.process_time()  # the loop thread and the worker threads: the whole queue layer
+        for i in range(n):
+            await batcher.submit([encoded[i % len(encoded)].payloads[0]], [32], 10.0)
+        used = time.process_time() - t0
+        await batcher.stop()
+        return used / n * 1e6
+
+    costs["queue (batcher + thread hand-off)"] = asyncio.run(queue_round_trips())
+    costs["http (uvicorn + routing + metrics, from a no-op route under load)"] = http_cpu_ms * 1000
+    return costs
+
+
+def http_only_cpu(bundle: Path, seconds: float) -> float:
+    """Server CPU per request on GET /v2/health/live under load: the HTTP layer alone."""
+    port = free_port()
+    command, _ = server_commands(bundle, port)["ortpack"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        handle = psutil.Process(proc.pid)
+        cpu0 = cpu_seconds(handle)
+        out = subprocess.run(
+            ["wrk", "-t1", "-c32", f"-d{seconds}s", f"http://127.0.0.1:{port}/v2/health/live"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        cpu1 = cpu_seconds(handle)
+        requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+        return (cpu1 - cpu0) * 1000 / requests
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"), help="bundle to serve")
+    parser.add_argument("--seconds", type=float, default=10, help="duration of each measured run")
+    parser.add_argument("--servers", default="naive pytorch,simple ort int8,ortpack", help="comma-separated subset")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"), help="JSON output")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: run `make bench-serve` (it installs wrk) or apt-get install wrk")
+    from serving.bundle import verify_bundle
+
+    bundle = Path(args.bundle)
+    manifest = verify_bundle(bundle)
+    results: dict[str, Any] = {
+        "bundle": manifest.name,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "servers": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        bodies = write_bodies(Path(tmp), manifest.name)
+        for name in [s.strip() for s in args.servers.split(",")]:
+            port = free_port()
+            command, env = server_commands(bundle, port)[name]
+            results["servers"].append(bench_server(name, command, env, port, bodies, args.seconds))
+    print("offline bound and layer costs ...", flush=True)
+    results["offline_bound_sentences_per_s"] = offline_bound(bundle)
+    results["layer_cpu_us_per_request"] = layer_costs(bundle, http_only_cpu(bundle, 5))
+
+    rows = [
+        [
+            "server",
+            "workload",
+            "conc.",
+            "req/s",
+            "sentences/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "peak RSS MB",
+            "CPU ms/req",
+        ]
+    ]
+    for server in results["servers"]:
+        for r in server["runs"]:
+            rows.append(
+                [
+                    server["server"],
+                    r["workload"],
+                    str(r["concurrency"]),
+                    f"{r['requests_per_s']:.0f}",
+                    f"{r['sentences_per_s']:.0f}",
+                    f"{r['p50_ms']:.1f}",
+                    f"{r['p99_ms']:.1f}",
+                    str(r["errors"]),
+                    f"{r['peak_rss_mb']:.0f}",
+                    f"{r['cpu_ms_per_request']:.2f}",
+                ]
+            )
+    print(f"\nserving {manifest.name}, {os.cpu_count()} cores, {args.seconds:.0f} s per run")
+    print(table(rows))
+    print(
+        "\n"
+        + table(
+            [["server", "cold start to ready, s"]]
+            + [[s["server"], f"{s['cold_start_s']:.2f}"] for s in results["servers"]]
+        )
+    )
+    by_name = {s["server"]: {(r["workload"], r["concurrency"]): r for r in s["runs"]} for s in results["servers"]}
+    if {"ortpack", "naive pytorch"} <= set(by_name):
+        ratios = [["workload", "ortpack vs naive pytorch", "ortpack vs simple ort int8"]]
+        for label, connections, _ in WORKLOADS:
+            key = (label, connections)
+            ours = by_name["ortpack"][key]["requests_per_s"]
+            simple = by_name.get("simple ort int8", {}).get(key, {}).get("requests_per_s")
+            ratios.append(
+                [
+                    f"{label} c={connections}",
+                    f"{ours / by_name['naive pytorch'][key]['requests_per_s']:.1f}x",
+                    f"{ours / simple:.2f}x" if simple else "-",
+                ]
+            )
+        results["throughput_ratios"] = ratios
+        print("\n" + table(ratios))
+    bound = results["offline_bound_sentences_per_s"]
+    print(
+        f"\noffline bound ({manifest.name}, 2 callers x 1 thread): "
+        + ", ".join(f"{k.replace('_', ' ')}: {v:.0f} sentences/s" for k, v in bound.items())
+    )
+    print(
+        "\n"
+        + table(
+            [["layer", "CPU us per request"]]
+            + [[k, f"{v:.0f}"] for k, v in results["layer_cpu_us_per_request"].items()]
+        )
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

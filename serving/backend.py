@@ -1,0 +1,58 @@
+"""Backends: what runs a batch. The batcher only needs `run(payloads) -> rows`.
+
+`TextEmbeddingBackend` pads token ids to the batch's longest (never past its bucket's ceiling,
+which the batcher guarantees), builds the attention mask, and runs one ONNX Runtime session.
+ORT's `run` releases the GIL, so several worker threads run batches at once on one session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """Runs one batch of payloads and returns one output row per payload, in order."""
+
+    def run(self, payloads: Sequence[Any]) -> np.ndarray: ...
+
+
+class TextEmbeddingBackend:
+    """Token-id arrays in, `sentence_embedding` rows out."""
+
+    def __init__(self, session: Any, input_names: Sequence[str], pad_token_id: int, output_dim: int) -> None:
+        self.session = session
+        self.input_names = list(input_names)
+        self.pad_token_id = pad_token_id
+        self.output_dim = output_dim
+
+    def feeds(self, payloads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        width = max(len(p) for p in payloads)
+        ids = np.full((len(payloads), width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(payloads), width), dtype=np.int64)
+        for row, tokens in enumerate(payloads):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        return {name: arrays[name] for name in self.input_names}
+
+    def run(self, payloads: Sequence[np.ndarray]) -> np.ndarray:
+        return self.session.run(None, self.feeds(payloads))[0]
+
+
+def load_session(
+    model_path: Path, *, wanted_providers: list[str], offline_level: str, built_ort_version: str, intra_op_threads: int
+) -> tuple[Any, Any]:
+    """An ORT session for a bundle variant, tuned for serving: `intra_op_threads` each (the
+    server runs several calls at once instead) and no spin-waiting, which would steal the cores
+    the HTTP layer needs."""
+    from serving.runtime import create_session, plan_session
+
+    plan = plan_session(
+        wanted_providers=wanted_providers, offline_level=offline_level, built_ort_version=built_ort_version
+    )
+    session = create_session(model_path, plan, intra_op_threads=intra_op_threads, allow_spinning=False)
+    return session, plan

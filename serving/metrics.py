@@ -1,0 +1,47 @@
+"""Prometheus metrics of the server, in their own registry (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from serving.batcher import BatchStats
+
+_LATENCY = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_RATIO = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 8)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "ortpack_requests_total", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "ortpack_request_duration_seconds", "HTTP request latency by route", ["route"], buckets=_LATENCY, registry=r
+        )
+        self.queue_depth = Gauge("ortpack_queue_depth", "items waiting for the model", registry=r)
+        self.batch_size = Histogram("ortpack_batch_size", "items per model call", buckets=_BATCH, registry=r)
+        self.padding_ratio = Histogram(
+            "ortpack_padding_ratio", "padded tokens / real tokens per model call", buckets=_RATIO, registry=r
+        )
+        self.inference = Histogram(
+            "ortpack_inference_duration_seconds", "model call time by bucket", ["bucket"], buckets=_LATENCY, registry=r
+        )
+        self.queue_wait = Histogram(
+            "ortpack_queue_wait_seconds", "time the oldest item of a batch waited", buckets=_LATENCY, registry=r
+        )
+        self.items = Counter("ortpack_items_total", "items (texts, images) answered", registry=r)
+        self.rejections = Counter("ortpack_rejections_total", "requests refused, by reason", ["reason"], registry=r)
+        self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_size.observe(stats.size)
+        self.padding_ratio.observe(stats.padded_tokens / max(1, stats.real_tokens))
+        self.inference.labels(bucket=str(stats.bucket)).observe(stats.seconds)
+        self.queue_wait.observe(stats.queue_wait)
+        self.items.inc(stats.size)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
