@@ -65,6 +65,7 @@ def worker_variant(bundle: str, variant_id: str, input_names: list[str], vocab_s
         wanted_providers=variant.execution_providers,
         offline_level=variant.offline_optimization_level,
         built_ort_version=variant.ort_version,
+        online_level=variant.online_optimization_level,
     )
     session = create_session(Path(bundle) / variant.file, plan)
     out = {}

@@ -115,7 +115,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) ->
     raise SystemExit(f"server at {url} not ready after {timeout} s")
 
 
-def run_wrk(url: str, bodies: Path, connections: int, seconds: float, proc: psutil.Process) -> dict[str, Any]:
+def run_wrk(
+    url: str, bodies: Path, connections: int, seconds: float, proc: psutil.Process, path: str = "/v1/embeddings"
+) -> dict[str, Any]:
     peak = [rss_mb(proc)]
     stop = threading.Event()
 
@@ -127,7 +129,7 @@ def run_wrk(url: str, bodies: Path, connections: int, seconds: float, proc: psut
     sampler.start()
     cpu0 = cpu_seconds(proc)
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s", str(LUA), f"{url}/v1/embeddings"],
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s", str(LUA), f"{url}{path}"],
         capture_output=True,
         text=True,
         env={**os.environ, "WRK_BODIES": str(bodies)},

@@ -12,6 +12,9 @@ def export_model(
     task: str,
     name: str,
     max_length: int,
+    weights: str,
+    labels: str,
+    preprocessing: dict,
     exported: Output[Model],
     metrics: Output[Metrics],
 ) -> None:
@@ -25,6 +28,10 @@ def export_model(
         task: text-embedding or image-classification.
         name: The bundle name; empty for the model's own name.
         max_length: Token limit of text models; 0 for the model's own.
+        weights: Image models: a state-dict file in the image (or a mounted volume); empty for
+            random weights.
+        labels: Image models: a labels file, one per line; empty for the weights' categories.
+        preprocessing: Image models: overrides of resize_size, crop_size, mean and std.
         exported: Directory with model.onnx, reference.npz, export.json and the tokenizer.
         metrics: export.nodes, export.mb, export.seconds, torch.p50_ms.<shape>.
     """
@@ -37,7 +44,18 @@ def export_model(
 
     log_to_stdout()
     source, default_name = resolve_model_source(model, task)
-    spec = ExportSpec(source=source, task=task, name=name or default_name, max_length=max_length or None)
+    spec = ExportSpec(
+        source=source,
+        task=task,
+        name=name or default_name,
+        max_length=max_length or None,
+        weights=weights or None,
+        labels=labels or None,
+        resize_size=preprocessing.get("resize_size"),
+        crop_size=preprocessing.get("crop_size"),
+        mean=tuple(preprocessing["mean"]) if preprocessing.get("mean") else None,
+        std=tuple(preprocessing["std"]) if preprocessing.get("std") else None,
+    )
     result = run_export(spec, Path(exported.path))
     for key, value in result.metrics.items():
         metrics.log_metric(f"export.{key}", value)

@@ -51,6 +51,35 @@ def _setup_logging(verbosity: int, debug: bool) -> None:
         warnings.filterwarnings("ignore")
 
 
+def _floats3(value: str) -> tuple[float, float, float]:
+    try:
+        numbers = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 3 comma-separated numbers, got {value!r}") from None
+    if len(numbers) != 3:
+        raise argparse.ArgumentTypeError(f"expected 3 comma-separated numbers, got {value!r}")
+    return numbers  # type: ignore[return-value]
+
+
+def export_spec(args: argparse.Namespace, source: str, default_name: str) -> Any:
+    """The ExportSpec of a command's model options (validated: bad values fail here, before work)."""
+    from components.core.sources import check_local_file
+    from components.core.specs import ExportSpec
+
+    return ExportSpec(
+        source=source,
+        task=args.task,
+        name=args.name or default_name,
+        max_length=args.max_length,
+        weights=check_local_file(args.weights, "weights"),
+        labels=check_local_file(args.labels, "labels"),
+        resize_size=args.resize_size,
+        crop_size=args.crop_size,
+        mean=args.mean,
+        std=args.std,
+    )
+
+
 def _csv(value: str) -> list[str]:
     items = [v.strip() for v in value.split(",") if v.strip()]
     return items
@@ -63,11 +92,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     from components.core.build import build_bundle
     from components.core.report import format_summary
     from components.core.sources import resolve_model_source
-    from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
+    from components.core.specs import BuildSpec, parse_threshold_overrides, variant_grid
 
     source, default_name = resolve_model_source(args.model, args.task)
     spec = BuildSpec(
-        export=ExportSpec(source=source, task=args.task, name=args.name or default_name, max_length=args.max_length),
+        export=export_spec(args, source, default_name),
         variants=tuple(variant_grid(_csv(args.targets), _csv(args.precisions))),
         threshold_overrides=parse_threshold_overrides(args.threshold),
         version=args.version,
@@ -91,26 +120,47 @@ def _pipeline_arguments(args: argparse.Namespace, *, local_model: bool) -> tuple
     from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
 
     if local_model:
-        _, default_name = resolve_model_source(args.model, args.task)
+        source, default_name = resolve_model_source(args.model, args.task)
+        spec = export_spec(args, source, default_name)  # --weights and --labels must exist here
     elif not args.model.strip():
         raise InvalidSpecError("--model is empty")
     else:
         default_name = Path(args.model.rstrip("/")).name
+        spec = ExportSpec(
+            source=args.model,
+            task=args.task,
+            name=args.name or default_name,
+            max_length=args.max_length,
+            weights=args.weights,
+            labels=args.labels,
+            resize_size=args.resize_size,
+            crop_size=args.crop_size,
+            mean=args.mean,
+            std=args.std,
+        )
     variants = variant_grid(_csv(args.targets), _csv(args.precisions))
     overrides = parse_threshold_overrides(args.threshold)
-    name = args.name or default_name
-    BuildSpec(  # validates the task, name, max length and every threshold override
-        export=ExportSpec(source=args.model, task=args.task, name=name, max_length=args.max_length),
-        variants=tuple(variants),
-        threshold_overrides=overrides,
-        version=args.version,
-    )
+    name = spec.name
+    # validates the task, name, max length and every threshold override
+    BuildSpec(export=spec, variants=tuple(variants), threshold_overrides=overrides, version=args.version)
     targets = list(dict.fromkeys(v.target for v in variants))
     arguments: dict[str, Any] = {
         "model": args.model,
         "task": args.task,
         "name": name,
         "max_length": args.max_length or 0,
+        "weights": spec.weights or "",
+        "labels": spec.labels or "",
+        "preprocessing": {
+            k: v
+            for k, v in (
+                ("resize_size", spec.resize_size),
+                ("crop_size", spec.crop_size),
+                ("mean", list(spec.mean or [])),
+                ("std", list(spec.std or [])),
+            )
+            if v
+        },
         "thresholds": overrides,
         "version": args.version,
     }
@@ -187,10 +237,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from components.core.export import export_model
     from components.core.sources import resolve_model_source
-    from components.core.specs import ExportSpec
 
     source, default_name = resolve_model_source(args.model, args.task)
-    spec = ExportSpec(source=source, task=args.task, name=args.name or default_name, max_length=args.max_length)
+    spec = export_spec(args, source, default_name)
     out = _fresh_dir(Path(args.out), args.force)
     export_model(spec, out)
     print(out)
@@ -309,6 +358,16 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--task", default="text-embedding", help="text-embedding (default) or image-classification")
     p.add_argument("--name", help="bundle name (default: the model's directory or name)")
     p.add_argument("--max-length", type=int, help="token limit of text models (default: the model's own)")
+    p.add_argument(
+        "--weights",
+        help="image models: a state-dict file (.safetensors, or a torch file loaded with "
+        "weights_only); default: random weights",
+    )
+    p.add_argument("--labels", help="image models: a labels file, one per line (default: the weights' categories)")
+    p.add_argument("--resize-size", type=int, help="image models: shorter side after resize (default: the weights')")
+    p.add_argument("--crop-size", type=int, help="image models: centre crop size (default: the weights')")
+    p.add_argument("--mean", type=_floats3, help="image models: normalisation mean, 3 comma-separated numbers")
+    p.add_argument("--std", type=_floats3, help="image models: normalisation std, 3 comma-separated numbers")
 
 
 def _add_variants(p: argparse.ArgumentParser) -> None:

@@ -69,6 +69,9 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
         task: str = "text-embedding",
         name: str = "",
         max_length: int = 0,
+        weights: str = "",
+        labels: str = "",
+        preprocessing: dict = {},  # noqa: B006 - KFP reads defaults from the signature
         cpu_precisions: list = DEFAULT_PRECISIONS["cpu"] if has_cpu else [],
         cuda_precisions: list = DEFAULT_PRECISIONS["cuda"] if has_cuda else [],
         thresholds: dict = {},  # noqa: B006 - KFP reads defaults from the signature
@@ -81,12 +84,23 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
             task: text-embedding or image-classification.
             name: Bundle name (empty: the model's own).
             max_length: Token limit of text models (0: the model's own).
+            weights: Image models: a state-dict file the component image can read (empty: random).
+            labels: Image models: a labels file (empty: the weights' categories).
+            preprocessing: Image models: overrides of resize_size, crop_size, mean, std.
             cpu_precisions: Precisions to build for the cpu target (fp32, int8).
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
             version: Bundle version.
         """
-        exported = export_model(model=model, task=task, name=name, max_length=max_length)
+        exported = export_model(
+            model=model,
+            task=task,
+            name=name,
+            max_length=max_length,
+            weights=weights,
+            labels=labels,
+            preprocessing=preprocessing,
+        )
         exported.set_display_name("export")
         measured = {}
         if has_cpu:

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from serving.bundle import Variant
+
 
 class Backend(Protocol):
     """Runs one batch of payloads and returns one output row per payload, in order."""
@@ -43,16 +45,29 @@ class TextEmbeddingBackend:
         return self.session.run(None, self.feeds(payloads))[0]
 
 
-def load_session(
-    model_path: Path, *, wanted_providers: list[str], offline_level: str, built_ort_version: str, intra_op_threads: int
-) -> tuple[Any, Any]:
+def load_session(model_path: Path, variant: Variant, *, intra_op_threads: int) -> tuple[Any, Any]:
     """An ORT session for a bundle variant, tuned for serving: `intra_op_threads` each (the
     server runs several calls at once instead) and no spin-waiting, which would steal the cores
     the HTTP layer needs."""
     from serving.runtime import create_session, plan_session
 
     plan = plan_session(
-        wanted_providers=wanted_providers, offline_level=offline_level, built_ort_version=built_ort_version
+        wanted_providers=variant.execution_providers,
+        offline_level=variant.offline_optimization_level,
+        built_ort_version=variant.ort_version,
+        online_level=variant.online_optimization_level,
     )
     session = create_session(model_path, plan, intra_op_threads=intra_op_threads, allow_spinning=False)
     return session, plan
+
+
+class ImageClassifierBackend:
+    """uint8 [H, W, 3] images of one size in, `probabilities` rows out (the full graph: resizing,
+    cropping and normalising happen inside it)."""
+
+    def __init__(self, session: Any, classes: int) -> None:
+        self.session = session
+        self.output_dim = classes
+
+    def run(self, payloads: Sequence[np.ndarray]) -> np.ndarray:
+        return self.session.run(None, {"images": np.stack(payloads)})[0]

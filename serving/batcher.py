@@ -77,8 +77,14 @@ class Batcher:
         workers: int,
         max_batch_delay_ms: float = 0.0,
         on_batch: Any = None,
+        item_cost: Any = None,
+        max_batch_cost: float = math.inf,
     ) -> None:
         self.backend = backend
+        # A batch also stops at `max_batch_cost` (images: pixels), whatever its size; it always
+        # holds at least one item. Without it, 32 full-HD images would be one float batch of GBs.
+        self.item_cost = item_cost
+        self.max_batch_cost = max_batch_cost
         self.max_batch_size = max_batch_size
         self.max_queue_size = max_queue_size
         self.workers = workers
@@ -187,11 +193,18 @@ class Batcher:
     def _cut(self, bucket: Hashable) -> list[Item]:
         items = self.queues[bucket]
         batch: list[Item] = []
+        cost = 0.0
         while items and len(batch) < self.max_batch_size:
+            if self.item_cost is not None and batch:
+                cost_next = cost + self.item_cost(items[0].payload)
+                if cost_next > self.max_batch_cost:
+                    break
             item = items.popleft()
             self.depth -= 1
             if not item.request.future.done():
                 batch.append(item)
+                if self.item_cost is not None:
+                    cost += self.item_cost(item.payload)
         return batch
 
     async def _schedule(self) -> None:

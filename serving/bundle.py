@@ -81,7 +81,7 @@ class ImagePreprocessing(_Strict):
     color: Literal["RGB"] = "RGB"
     resize_size: int = Field(gt=0)
     crop_size: int = Field(gt=0)
-    interpolation: Literal["bilinear"] = "bilinear"
+    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
     antialias: bool = True
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -103,6 +103,10 @@ class Variant(_Strict):
     ort_version: str
     opset: int
     offline_optimization_level: Literal["disabled", "basic", "extended", "all"]
+    # The ORT level to load with when this onnxruntime and provider match: measured at build time
+    # ("all" adds CPU layout transformations that are never shipped; int8 graphs may run faster
+    # without them). A mismatch always loads with "all".
+    online_optimization_level: Literal["disabled", "all"] = "all"
     optimize: dict[str, Any] = Field(default_factory=dict)
     parity: dict[str, Any] = Field(default_factory=dict)
     benchmark: dict[str, Any] = Field(default_factory=dict)

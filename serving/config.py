@@ -32,6 +32,9 @@ class ServeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_items: int = 2048
     max_tokens: int = 0  # default: the bundle's tokenizer max_length
+    max_image_pixels: int = 40_000_000
+    max_batch_pixels: int = 4_000_000
+    jpeg_draft: bool = False
     truncate: bool = True
     buckets: tuple[int, ...] = ()  # default: powers of two from 16 up to max_tokens
     workers: int = 0  # model threads running ORT at once; default: the cores available
@@ -51,6 +54,7 @@ class ServeConfig:
             (self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}"),
             (self.max_items >= 1, f"--max-items must be >= 1, got {self.max_items}"),
             (self.max_tokens >= 0, f"--max-tokens must be >= 0, got {self.max_tokens}"),
+            (self.max_image_pixels >= 1024, f"--max-image-pixels must be >= 1024, got {self.max_image_pixels}"),
             (self.workers >= 0, f"--workers must be >= 0, got {self.workers}"),
             (self.intra_op_threads >= 0, f"--intra-op-threads must be >= 0, got {self.intra_op_threads}"),
             (all(b > 0 for b in self.buckets), f"--buckets must be positive, got {self.buckets}"),
@@ -96,6 +100,10 @@ _HELP = {
     "max_items": "most texts in one request; more gets 413",
     "max_tokens": "most tokens per text (default: the bundle's max length)",
     "truncate": "truncate texts longer than --max-tokens (true) or answer 413 (false)",
+    "max_image_pixels": "image bundles: largest image in pixels (checked from the header before decoding; 413)",
+    "max_batch_pixels": "image bundles: most pixels in one model call (a batch always holds one image)",
+    "jpeg_draft": "image bundles: decode JPEGs at a reduced DCT scale (no smaller than the resize size); "
+    "much faster on large photos, but pixels differ from the validated full decode (see README)",
     "buckets": "comma-separated padded-length ceilings (default: every 4 tokens to 32, 8 to 64, 16 to 128, 32 on)",
     "workers": "model calls running at once (default: one per available core)",
     "intra_op_threads": "ONNX Runtime threads per model call (default 1)",

@@ -21,38 +21,38 @@ class SessionPlan:
     providers: list[str]
     online_optimization: bool
     reason: str
+    fallback: bool = False  # online optimization because the build does not match this runtime
 
 
-def plan_session(*, wanted_providers: list[str], offline_level: str, built_ort_version: str) -> SessionPlan:
-    """Pick providers available here and decide whether ORT must optimize online.
+def plan_session(
+    *, wanted_providers: list[str], offline_level: str, built_ort_version: str, online_level: str = "disabled"
+) -> SessionPlan:
+    """Pick providers available here and decide how much ORT optimizes at load.
 
-    An offline-optimized graph (level extended/all) is loaded with online optimization disabled
-    only when this ORT version and the first execution provider match what it was built for;
-    otherwise ORT optimizes it again at load time and we say why.
+    An offline-optimized graph (level extended/all) is loaded at `online_level`, what the build
+    measured to run it faster ("disabled", or "all" for the CPU layout transformations that are
+    never shipped), when this ORT version and the first execution provider match what it was
+    built for; otherwise ORT optimizes it fully at load time, and the plan says why.
     """
     import onnxruntime as ort
 
     available = ort.get_available_providers()
     providers = [p for p in wanted_providers if p in available] or ["CPUExecutionProvider"]
+    mismatch = None
     if offline_level not in ("extended", "all"):
+        mismatch = f"built with offline level {offline_level!r}"
+    elif built_ort_version != ort.__version__:
+        mismatch = f"built with onnxruntime {built_ort_version}, running {ort.__version__}"
+    elif providers[0] != wanted_providers[0]:
+        mismatch = f"built for {wanted_providers[0]}, running on {providers[0]}"
+    if mismatch is not None:
+        return SessionPlan(providers=providers, online_optimization=True, reason=mismatch, fallback=True)
+    matched = "offline-optimized for this onnxruntime and provider"
+    if online_level == "all":
         return SessionPlan(
-            providers=providers, online_optimization=True, reason=f"built with offline level {offline_level!r}"
+            providers=providers, online_optimization=True, reason=f"{matched}; layout optimizations at load"
         )
-    if built_ort_version != ort.__version__:
-        return SessionPlan(
-            providers=providers,
-            online_optimization=True,
-            reason=f"built with onnxruntime {built_ort_version}, running {ort.__version__}",
-        )
-    if providers[0] != wanted_providers[0]:
-        return SessionPlan(
-            providers=providers,
-            online_optimization=True,
-            reason=f"built for {wanted_providers[0]}, running on {providers[0]}",
-        )
-    return SessionPlan(
-        providers=providers, online_optimization=False, reason="offline-optimized for this onnxruntime and provider"
-    )
+    return SessionPlan(providers=providers, online_optimization=False, reason=matched)
 
 
 def create_session(
@@ -77,6 +77,6 @@ def create_session(
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if not allow_spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if plan.online_optimization:
+    if plan.fallback:
         log.warning("optimizing %s online: %s", Path(model_path).name, plan.reason)
     return ort.InferenceSession(str(model_path), options, providers=plan.providers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -75,3 +76,60 @@ def make_tiny_bert(
             )
         )
     return out
+
+
+def make_image_weights(name: str, out: Path, *, seed: int = 0, head_scale: float = 30.0) -> Path:
+    """A torchvision classifier with random weights made non-degenerate, saved as safetensors.
+
+    With `weights=None` a network in eval mode has BatchNorm statistics (mean 0, var 1) that do
+    not match its activations, and MobileNetV3 then gives every class ~0.001: any parity check
+    passes. So: re-estimate BatchNorm statistics on random normalised images, then scale the last
+    linear layer so the softmax is peaked and differs between images.
+    """
+    import torch
+    import torchvision
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = torchvision.models.get_model(name, weights=None)
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None  # cumulative average over the batches below
+    model.train()
+    with torch.no_grad():
+        for _ in range(8):
+            model(torch.randn(8, 3, 224, 224))
+    model.eval()
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.mul_(head_scale)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out))
+    return out
+
+
+def minimal_manifest() -> dict[str, Any]:
+    """The smallest valid text-embedding manifest fields (no files): for bundle contract tests."""
+    return {
+        "name": "demo",
+        "version": "3",
+        "task": "text-embedding",
+        "source": {"kind": "huggingface", "id": "demo"},
+        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
+        "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
+        "tokenizer": {"max_length": 8, "pad_token_id": 0, "model_input_names": ["input_ids"]},
+        "pooling": {"mode": "mean", "normalize": True},
+        "variants": [
+            {
+                "id": "cpu-fp32",
+                "target": "cpu",
+                "execution_providers": ["CPUExecutionProvider"],
+                "precision": "fp32",
+                "file": "variants/cpu-fp32/model.onnx",
+                "ort_version": "1.0",
+                "opset": 17,
+                "offline_optimization_level": "extended",
+            }
+        ],
+    }

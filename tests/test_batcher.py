@@ -157,3 +157,23 @@ def test_stop_drains_what_was_accepted_then_refuses() -> None:
     answers, _ = run(body())
     assert sorted(int(a[0][0]) for a in answers) == list(range(10))
     assert sum(s.size for s in stats) == 10
+
+
+def test_batches_stop_at_their_cost_budget() -> None:
+    """Images: a batch is capped by pixels as well as by items, and always holds at least one."""
+    backend = RecordingBackend()
+    backend.gate.clear()
+    batcher = Batcher(
+        backend, max_batch_size=32, max_queue_size=100, workers=1, item_cost=lambda p: p, max_batch_cost=10
+    )
+
+    async def body() -> None:
+        held = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await asyncio.sleep(0.01)
+        rest = asyncio.ensure_future(batcher.submit([4, 4, 4, 12, 3], [0] * 5, 5.0))
+        await asyncio.sleep(0.01)
+        backend.gate.set()
+        await asyncio.gather(held, rest)
+
+    run(_with(batcher, body()))
+    assert backend.batches == [[1], [4, 4], [4], [12], [3]]

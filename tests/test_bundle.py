@@ -5,36 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from serving.bundle import SCHEMA_VERSION, BundleError, read_manifest, verify_bundle, write_bundle
-
-
-def _manifest() -> dict[str, Any]:
-    return {
-        "name": "demo",
-        "version": "3",
-        "task": "text-embedding",
-        "source": {"kind": "huggingface", "id": "demo"},
-        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
-        "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
-        "tokenizer": {"max_length": 8, "pad_token_id": 0, "model_input_names": ["input_ids"]},
-        "pooling": {"mode": "mean", "normalize": True},
-        "variants": [
-            {
-                "id": "cpu-fp32",
-                "target": "cpu",
-                "execution_providers": ["CPUExecutionProvider"],
-                "precision": "fp32",
-                "file": "variants/cpu-fp32/model.onnx",
-                "ort_version": "1.0",
-                "opset": 17,
-                "offline_optimization_level": "extended",
-            }
-        ],
-    }
+from tests.models import minimal_manifest
 
 
 @pytest.fixture
@@ -48,7 +23,7 @@ def sources(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_roundtrip(tmp_path: Path, sources: dict[str, Path]) -> None:
-    written = write_bundle(tmp_path / "out", _manifest(), sources)
+    written = write_bundle(tmp_path / "out", minimal_manifest(), sources)
     assert written.schema_version == SCHEMA_VERSION
     assert set(written.files) == set(sources)
     read = verify_bundle(tmp_path / "out")
@@ -59,10 +34,10 @@ def test_roundtrip(tmp_path: Path, sources: dict[str, Path]) -> None:
 
 
 def test_refuses_existing_output_unless_forced(tmp_path: Path, sources: dict[str, Path]) -> None:
-    write_bundle(tmp_path / "out", _manifest(), sources)
+    write_bundle(tmp_path / "out", minimal_manifest(), sources)
     with pytest.raises(BundleError, match="output directory exists"):
-        write_bundle(tmp_path / "out", _manifest(), sources)
-    manifest = _manifest() | {"version": "4"}
+        write_bundle(tmp_path / "out", minimal_manifest(), sources)
+    manifest = minimal_manifest() | {"version": "4"}
     write_bundle(tmp_path / "out", manifest, sources, force=True)
     assert read_manifest(tmp_path / "out").version == "4"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no staging leftovers
@@ -72,12 +47,12 @@ def test_failed_write_leaves_nothing(tmp_path: Path, sources: dict[str, Path]) -
     broken = dict(sources)
     broken["report.html"] = tmp_path / "does-not-exist.html"
     with pytest.raises(FileNotFoundError):
-        write_bundle(tmp_path / "out", _manifest(), broken)
+        write_bundle(tmp_path / "out", minimal_manifest(), broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_invalid_manifest_leaves_nothing(tmp_path: Path, sources: dict[str, Path]) -> None:
-    manifest = _manifest()
+    manifest = minimal_manifest()
     manifest["variants"][0]["precision"] = "fp8"
     with pytest.raises(BundleError, match=r"invalid manifest: variants\.0\.precision"):
         write_bundle(tmp_path / "out", manifest, sources)
@@ -87,18 +62,18 @@ def test_invalid_manifest_leaves_nothing(tmp_path: Path, sources: dict[str, Path
 def test_manifest_must_list_what_it_points_at(tmp_path: Path, sources: dict[str, Path]) -> None:
     del sources["tokenizer.json"]
     with pytest.raises(BundleError, match="lacks"):
-        write_bundle(tmp_path / "out", _manifest(), sources)
+        write_bundle(tmp_path / "out", minimal_manifest(), sources)
 
 
 def test_unsafe_paths_are_refused(tmp_path: Path, sources: dict[str, Path]) -> None:
     sources["../escape.onnx"] = sources["tokenizer.json"]
     with pytest.raises(BundleError, match="unsafe path"):
-        write_bundle(tmp_path / "out", _manifest(), sources)
+        write_bundle(tmp_path / "out", minimal_manifest(), sources)
 
 
 @pytest.fixture
 def bundle(tmp_path: Path, sources: dict[str, Path]) -> Path:
-    write_bundle(tmp_path / "b", _manifest(), sources)
+    write_bundle(tmp_path / "b", minimal_manifest(), sources)
     return tmp_path / "b"
 
 

@@ -116,3 +116,42 @@ def test_bad_input_fails_before_any_step(args: list[str], code: int, fragment: s
     assert len(errors) == 1 and fragment in errors[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()  # no step ran
+
+
+def test_image_pipeline_run(tmp_path: Path) -> None:
+    """One pipeline for both tasks: the task picks the exporter (MobileNetV3-small, local weights)."""
+    from tests.models import make_image_weights
+
+    weights = make_image_weights("mobilenet_v3_small", tmp_path / "mnv3s.safetensors")
+    result = ortpack_run(
+        "--model",
+        "mobilenet_v3_small",
+        "--task",
+        "image-classification",
+        "--weights",
+        str(weights),
+        "--precisions",
+        "fp32",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = verify_bundle(tmp_path / "dist" / "mobilenet_v3_small")
+    assert manifest.task == "image-classification" and [v.id for v in manifest.variants] == ["cpu-fp32"]
+    assert manifest.preprocessing is not None and manifest.labels is not None and len(manifest.labels) == 1000
+    assert "top-1" in result.stdout and "cpu-fp32  pass" in result.stdout
+
+
+def test_image_run_checks_its_files_first(tmp_path: Path) -> None:
+    result = ortpack_run(
+        "--model",
+        "mobilenet_v3_small",
+        "--task",
+        "image-classification",
+        "--weights",
+        str(tmp_path / "missing.safetensors"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "weights file not found" in result.stderr
+    unknown = ortpack_run("--model", "vgg11", "--task", "image-classification", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown image model 'vgg11' (supported: mobilenet_v3_small" in unknown.stderr
+    assert not (tmp_path / "runs").exists()

@@ -17,31 +17,7 @@ import pytest
 
 from serving.bundle import BundleError, verify_bundle, write_bundle
 from serving.sources import MAX_MEMBERS, fetch_bundle
-
-
-def _manifest() -> dict[str, Any]:
-    return {
-        "name": "demo",
-        "version": "3",
-        "task": "text-embedding",
-        "source": {"kind": "huggingface", "id": "demo"},
-        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
-        "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
-        "tokenizer": {"max_length": 8, "pad_token_id": 0, "model_input_names": ["input_ids"]},
-        "pooling": {"mode": "mean", "normalize": True},
-        "variants": [
-            {
-                "id": "cpu-fp32",
-                "target": "cpu",
-                "execution_providers": ["CPUExecutionProvider"],
-                "precision": "fp32",
-                "file": "variants/cpu-fp32/model.onnx",
-                "ort_version": "1.0",
-                "opset": 17,
-                "offline_optimization_level": "extended",
-            }
-        ],
-    }
+from tests.models import minimal_manifest
 
 
 @pytest.fixture
@@ -52,7 +28,7 @@ def bundle(tmp_path: Path) -> Path:
     tok = tmp_path / "src" / "tokenizer.json"
     tok.write_text("{}")
     out = tmp_path / "bundle"
-    write_bundle(out, _manifest(), {"variants/cpu-fp32/model.onnx": model, "tokenizer.json": tok})
+    write_bundle(out, minimal_manifest(), {"variants/cpu-fp32/model.onnx": model, "tokenizer.json": tok})
     return out
 
 

@@ -90,6 +90,7 @@ class OptimizeResult(_Record):
     offline_optimization_level: str
     metrics: dict[str, Any]
     model_file: str = "model.onnx"
+    online_optimization_level: str = "all"  # what the server should ask ORT for at load (measured)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,11 +6,31 @@ import logging
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from serving.runtime import create_session, plan_session
 
 log = logging.getLogger("ortpack.benchmark")
+
+
+def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
+    """Per benchmark shape (the ones PyTorch was timed at in the export): batch size and inputs."""
+    if export.task == "image-classification":
+        from components.core.exporters.image_classification import BENCH_SHAPES
+        from components.core.validation_data import ImageSpec, render_image
+
+        return {
+            key: (n, {"images": np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)])})
+            for key, (n, h, w) in BENCH_SHAPES.items()
+        }
+    assert export.tokenizer is not None
+    names = list(export.tokenizer["model_input_names"])
+    return {
+        key: (batch, synthetic_text_batch(batch, seq, names, vocab_size=int(export.model_info["vocab_size"])))
+        for key, (batch, seq) in text_bench_shapes(int(export.tokenizer["max_length"])).items()
+    }
 
 
 def benchmark_variant(
@@ -26,14 +46,11 @@ def benchmark_variant(
         wanted_providers=built.execution_providers,
         offline_level=built.offline_optimization_level,
         built_ort_version=built.ort_version,
+        online_level=built.online_optimization_level,
     )
     session = create_session(variant_dir / built.model_file, plan)
-    if export.task != "text-embedding" or export.tokenizer is None:
-        raise ValueError(f"no benchmark shapes for task {export.task!r} yet")
-    input_names = list(export.tokenizer["model_input_names"])
     shapes: dict[str, dict[str, float]] = {}
-    for key, (batch, seq) in text_bench_shapes(int(export.tokenizer["max_length"])).items():
-        feeds = synthetic_text_batch(batch, seq, input_names, vocab_size=int(export.model_info["vocab_size"]))
+    for key, (batch, feeds) in bench_feeds(export).items():
         stats = measure_latency(partial(session.run, None, feeds), budget_s=budget_s)
         stats["items_per_s"] = batch * 1000.0 / stats["p50_ms"]
         shapes[key] = stats

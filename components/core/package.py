@@ -23,6 +23,7 @@ def _variant_record(built: OptimizeResult, parity: ParityReport, bench: Benchmar
         "ort_version": built.ort_version,
         "opset": built.opset,
         "offline_optimization_level": built.offline_optimization_level,
+        "online_optimization_level": built.online_optimization_level,
         "optimize": built.metrics,
         "parity": {
             "passed": parity.passed,

@@ -8,6 +8,7 @@ the caller decide (`ParityReport.raise_if_failed`). Needs only ONNX Runtime and 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,125 @@ def _text_values(
     return values, per_item
 
 
+def _image_signature(session: Any) -> list[str]:
+    misses = []
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1 or inputs[0].name != "images" or inputs[0].type != "tensor(uint8)":
+        misses.append(f"inputs are {[(i.name, i.type) for i in inputs]}, expected images uint8")
+    elif len(inputs[0].shape) != 4 or inputs[0].shape[3] != 3 or any(isinstance(d, int) for d in inputs[0].shape[:3]):
+        misses.append(f"input images has shape {inputs[0].shape}, expected [batch, height, width, 3]")
+    if len(outputs) != 1 or outputs[0].name != "probabilities" or outputs[0].type != "tensor(float)":
+        misses.append(f"outputs are {[(o.name, o.type) for o in outputs]}, expected probabilities float32")
+    return misses
+
+
+def _topk_overlap(ref: np.ndarray, out: np.ndarray, k: int) -> np.ndarray:
+    a, b = np.argsort(-ref, axis=1)[:, :k], np.argsort(-out, axis=1)[:, :k]
+    return np.array([len(set(x) & set(y)) / k for x, y in zip(a, b, strict=True)])
+
+
+def _check_images(
+    session: Any,
+    ref: Any,
+    thresholds: ParityThresholds,
+    variant_id: str,
+    validated_on: str,
+    preprocess_path: Path | None,
+) -> ParityReport:
+    """Probabilities at batch 1 (every image) and 8 (same-size groups); top-1/top-5 agreement;
+    pixel agreement of the preprocessing with torchvision's, in uint8 levels."""
+    from components.core.validation_data import ImageSpec, render_image
+
+    misses = _image_signature(session)
+    if misses:
+        return ParityReport(
+            variant_id=variant_id,
+            task="image-classification",
+            thresholds=thresholds.as_dict(),
+            values={},
+            misses=misses,
+            validated_on=validated_on,
+            samples=0,
+        )
+    specs = [
+        ImageSpec(int(h), int(w), str(k), int(s))
+        for h, w, k, s in zip(ref["heights"], ref["widths"], ref["kinds"], ref["seeds"], strict=True)
+    ]
+    images = [render_image(spec) for spec in specs]
+    expected = ref["outputs"].astype(np.float64)
+    log.info("validate %s: %d images at batch 1 and 8 on %s", variant_id, len(images), validated_on)
+    single = np.concatenate([session.run(None, {"images": im[None]})[0] for im in images])
+    # the set starts with groups of 8 same-size images (validation_images): those run as batches
+    grouped = [i for i in range(0, len(specs) - 7, 8) if len({(s.height, s.width) for s in specs[i : i + 8]}) == 1]
+    batched_rows = {}
+    for start in grouped:
+        out = session.run(None, {"images": np.stack(images[start : start + 8])})[0]
+        for row in range(8):
+            batched_rows[start + row] = out[row]
+    idx8 = sorted(batched_rows)
+    outputs = {1: (np.arange(len(specs)), single), 8: (np.array(idx8), np.stack([batched_rows[i] for i in idx8]))}
+    values: dict[str, float] = {}
+    for batch, (idx, out) in outputs.items():
+        diff = np.abs(out.astype(np.float64) - expected[idx])
+        values[f"b{batch}.max_abs_diff"] = float(diff.max())
+        values[f"b{batch}.mean_abs_diff"] = float(diff.mean())
+        values[f"b{batch}.top1_agreement"] = float(np.mean(out.argmax(1) == expected[idx].argmax(1)))
+        values[f"b{batch}.top5_agreement"] = float(_topk_overlap(expected[idx], out, 5).mean())
+    for metric, pick in (
+        ("max_abs_diff", max),
+        ("mean_abs_diff", max),
+        ("top1_agreement", min),
+        ("top5_agreement", min),
+    ):
+        values[metric] = pick(values[f"b{b}.{metric}"] for b in outputs)
+    values["batch_max_abs_diff"] = float(np.abs(outputs[8][1] - single[outputs[8][0]]).max())
+    nonfinite = int((~np.isfinite(single)).any(axis=1).sum())
+    values["nonfinite_rows"] = float(nonfinite)
+    if preprocess_path is not None and preprocess_path.is_file():
+        from serving.runtime import SessionPlan, create_session
+
+        pre = create_session(
+            preprocess_path,
+            SessionPlan(providers=["CPUExecutionProvider"], online_optimization=True, reason="preprocessing check"),
+        )
+        meta = json.loads(Path(preprocess_path).with_name("export.json").read_text())["preprocessing"]
+        mean = np.array(meta["mean"]).reshape(3, 1, 1) * 255.0
+        std = np.array(meta["std"]).reshape(3, 1, 1) * 255.0
+        # the graph's float result rounded to a uint8 level, as torchvision's uint8 kernel outputs
+        levels = [np.rint(pre.run(None, {"images": im[None]})[0][0] * std + mean) for im in images]
+        pixel_diff = np.stack(
+            [np.abs(lv - px.astype(np.float64)) for lv, px in zip(levels, ref["pixels"], strict=True)]
+        )
+        values["max_pixel_diff"] = float(pixel_diff.max())
+        values["mean_pixel_diff"] = float(pixel_diff.mean())
+    misses = gate(values, thresholds)
+    if nonfinite:
+        misses.insert(0, f"{nonfinite} outputs contain NaN or inf")
+    report = ParityReport(
+        variant_id=variant_id,
+        task="image-classification",
+        thresholds=thresholds.as_dict(),
+        values=values,
+        misses=misses,
+        validated_on=validated_on,
+        samples=len(specs),
+        per_item={
+            "prob_diff": [float(d) for d in np.abs(single - expected).max(axis=1)],
+            "top5_overlap": [float(o) for o in _topk_overlap(expected, single, 5)],
+        },
+    )
+    log.info(
+        "validate %s: %s (max_abs_diff %.3g, top1 %.3f, top5 %.3f, pixels %.3g)",
+        variant_id,
+        "PASS" if report.passed else "MISS",
+        values["max_abs_diff"],
+        values["top1_agreement"],
+        values["top5_agreement"],
+        values.get("max_pixel_diff", float("nan")),
+    )
+    return report
+
+
 def gate(values: dict[str, float], thresholds: ParityThresholds) -> list[str]:
     """Every threshold the values miss, as `metric value vs threshold` lines."""
     misses = []
@@ -154,6 +274,7 @@ def check_parity(
     *,
     variant_id: str,
     plan: SessionPlan | None = None,
+    preprocess_path: Path | None = None,
 ) -> ParityReport:
     """Compare the variant at `model_path` with the PyTorch reference; return every number.
 
@@ -161,8 +282,6 @@ def check_parity(
     """
     ref = np.load(reference_path, allow_pickle=False)
     task = str(ref["task"])
-    if task != "text-embedding":
-        raise ValueError(f"no parity check for task {task!r} yet")
     input_names = [str(n) for n in ref["input_names"]]
     try:
         plan = plan or SessionPlan(
@@ -180,6 +299,8 @@ def check_parity(
             samples=0,
         )
     validated_on = session.get_providers()[0]
+    if task == "image-classification":
+        return _check_images(session, ref, thresholds, variant_id, validated_on, preprocess_path)
     misses = _check_text_signature(session, input_names)
     if misses:
         return ParityReport(
@@ -240,6 +361,7 @@ def validate_variant(
         wanted_providers=built.execution_providers,
         offline_level=built.offline_optimization_level,
         built_ort_version=built.ort_version,
+        online_level=built.online_optimization_level,
     )
     report = check_parity(
         Path(variant_dir) / built.model_file,
@@ -247,6 +369,7 @@ def validate_variant(
         thresholds,
         variant_id=built.variant_id,
         plan=plan,
+        preprocess_path=Path(export_dir) / "preprocess.onnx" if export.task == "image-classification" else None,
     )
     report.save(Path(out_dir) if out_dir else variant_dir)
     return report

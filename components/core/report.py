@@ -18,31 +18,53 @@ Row = tuple[str, ...]
 _COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
 
 
+# The parity columns of the summary, per task: (header, metric, format).
+_PARITY_COLUMNS = {
+    "text-embedding": (
+        ("max|diff|", "max_abs_diff", ".2g"),
+        ("min cos", "min_cosine", ".5f"),
+        ("neighbours", "neighbour_agreement", ".3f"),
+    ),
+    "image-classification": (
+        ("max|diff|", "max_abs_diff", ".2g"),
+        ("top-1", "top1_agreement", ".3f"),
+        ("top-5", "top5_agreement", ".3f"),
+        ("pixels", "max_pixel_diff", ".3g"),
+    ),
+}
+
+
 def summary_rows(export: ExportResult, records: Sequence[VariantRecord]) -> list[Row]:
     """Header plus one row per engine: PyTorch first, then each variant."""
     shapes = list(export.torch_latency)
+    columns = _PARITY_COLUMNS[export.task]
     header: Row = (
         "variant",
         "gate",
-        "max|diff|",
-        "min cos",
-        "neighbours",
+        *(c[0] for c in columns),
         "MB",
         *(f"p50 {s}" for s in shapes),
         *(f"vs torch {s}" for s in shapes),
     )
     rows = [header]
     torch_cells = tuple(f"{export.torch_latency[s]['p50_ms']:.2f} ms" for s in shapes)
-    rows.append(("pytorch", "-", "-", "-", "-", f"{export.metrics['mb']:.1f}", *torch_cells, *("1.0x" for _ in shapes)))
+    rows.append(
+        (
+            "pytorch",
+            "-",
+            *("-" for _ in columns),
+            f"{export.metrics['mb']:.1f}",
+            *torch_cells,
+            *("1.0x" for _ in shapes),
+        )
+    )
     for rec in records:
         v, bench = rec.parity.values, rec.benchmark
         rows.append(
             (
                 rec.variant_id,
                 "pass" if rec.passed else "MISS",
-                f"{v['max_abs_diff']:.2g}" if "max_abs_diff" in v else "-",
-                f"{v['min_cosine']:.5f}" if "min_cosine" in v else "-",
-                f"{v['neighbour_agreement']:.3f}" if "neighbour_agreement" in v else "-",
+                *(format(v[metric], fmt) if metric in v else "-" for _, metric, fmt in columns),
                 f"{rec.built.metrics['mb']:.1f}",
                 *(f"{bench.shapes[s]['p50_ms']:.2f} ms" if bench and s in bench.shapes else "-" for s in shapes),
                 *(
@@ -123,26 +145,38 @@ def plot_latency(export: ExportResult, records: Sequence[VariantRecord]) -> str:
 
 
 def plot_cosine(records: Sequence[VariantRecord]) -> str:
-    """Per-sentence 1 - cosine to PyTorch on a log axis: fp32 near 1e-7, int8 near 1e-2."""
+    """Per item, the distance to PyTorch on a log axis: 1 - cosine per sentence (fp32 near 1e-7,
+    int8 near 1e-2), or the largest probability difference per image."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * max(1, len(records))))
+    images = any("prob_diff" in r.parity.per_item for r in records)
     for y, rec in enumerate(records):
-        cos = np.asarray(rec.parity.per_item.get("cosine", []), dtype=float)
-        if cos.size == 0:
+        if images:
+            gap = np.asarray(rec.parity.per_item.get("prob_diff", []), dtype=float)
+            limit = rec.parity.thresholds.get("max_abs_diff")
+        else:
+            gap = 1.0 - np.asarray(rec.parity.per_item.get("cosine", []), dtype=float)
+            limit = rec.parity.thresholds.get("min_cosine")
+            limit = None if limit is None else 1 - limit
+        if gap.size == 0:
             continue
-        gap = np.clip(1.0 - cos, 1e-9, None)
+        gap = np.clip(gap, 1e-9, None)
         jitter = np.random.default_rng(y).uniform(-0.18, 0.18, gap.size)
-        ax.scatter(gap, y + jitter, s=4, alpha=0.45, color=_colour(rec.variant_id))
+        ax.scatter(gap, y + jitter, s=6 if images else 4, alpha=0.45, color=_colour(rec.variant_id))
         ax.plot([np.median(gap)] * 2, [y - 0.3, y + 0.3], color="black", lw=1.5)
-        limit = rec.parity.thresholds.get("min_cosine")
         if limit is not None:
-            ax.plot([max(1 - limit, 1e-9)] * 2, [y - 0.4, y + 0.4], color="red", lw=1, ls="--")
+            ax.plot([max(limit, 1e-9)] * 2, [y - 0.4, y + 0.4], color="red", lw=1, ls="--")
     ax.set_xscale("log")
     ax.set_yticks(range(len(records)), [r.variant_id for r in records])
     ax.invert_yaxis()
-    ax.set_xlabel("1 - cosine similarity to PyTorch, per sentence (black: median, red dashed: gate)")
+    what = (
+        "largest probability difference to PyTorch, per image"
+        if images
+        else "1 - cosine similarity to PyTorch, per sentence"
+    )
+    ax.set_xlabel(f"{what} (black: median, red dashed: gate)")
     return _figure_png(fig)
 
 
@@ -150,23 +184,29 @@ def plot_neighbours(records: Sequence[VariantRecord]) -> str:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    images = any("top5_overlap" in r.parity.per_item for r in records)
+    key, k = ("top5_overlap", 5) if images else ("neighbour_overlap", 10)
     fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * max(1, len(records))))
     for y, rec in enumerate(records):
-        overlap = np.asarray(rec.parity.per_item.get("neighbour_overlap", []), dtype=float)
+        overlap = np.asarray(rec.parity.per_item.get(key, []), dtype=float)
         if overlap.size == 0:
             continue
         left = 0.0
-        for k in sorted(set(np.round(overlap, 2)), reverse=True):
-            share = float(np.mean(np.round(overlap, 2) == k))
-            ax.barh(y, share, left=left, color=_colour(rec.variant_id), alpha=0.25 + 0.75 * k, edgecolor="white")
+        for share_k in sorted(set(np.round(overlap, 2)), reverse=True):
+            share = float(np.mean(np.round(overlap, 2) == share_k))
+            ax.barh(y, share, left=left, color=_colour(rec.variant_id), alpha=0.25 + 0.75 * share_k, edgecolor="white")
             if share > 0.06:
-                ax.text(left + share / 2, y, f"{k * 10:.0f}/10", ha="center", va="center", fontsize=7)
+                ax.text(left + share / 2, y, f"{share_k * k:.0f}/{k}", ha="center", va="center", fontsize=7)
             left += share
         ax.text(1.01, y, f"mean {overlap.mean():.3f}", va="center", fontsize=8)
     ax.set_xlim(0, 1.15)
     ax.set_yticks(range(len(records)), [r.variant_id for r in records])
     ax.invert_yaxis()
-    ax.set_xlabel("share of sentences by how many of their 10 nearest neighbours (PyTorch) the variant keeps")
+    ax.set_xlabel(
+        "share of images by how many of PyTorch's top-5 classes the variant keeps"
+        if images
+        else "share of sentences by how many of their 10 nearest neighbours (PyTorch) the variant keeps"
+    )
     return _figure_png(fig)
 
 
@@ -230,9 +270,9 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
     parts += [
         "<h2>Latency against PyTorch</h2>",
         f"<img alt='latency per variant' src='data:image/png;base64,{plot_latency(export, records)}'>",
-        "<h2>Agreement with PyTorch, per sentence</h2>",
+        "<h2>Agreement with PyTorch, per item</h2>",
         f"<img alt='cosine distribution' src='data:image/png;base64,{plot_cosine(records)}'>",
-        "<h2>Neighbour agreement</h2>",
+        "<h2>Neighbour agreement (text) / top-5 agreement (images)</h2>",
         f"<img alt='neighbour agreement' src='data:image/png;base64,{plot_neighbours(records)}'>",
         "<h2>Model size</h2>",
         f"<img alt='model size' src='data:image/png;base64,{plot_sizes(export, records)}'>",

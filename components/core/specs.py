@@ -200,14 +200,20 @@ DEFAULT_THRESHOLDS: dict[tuple[str, str], ParityThresholds] = {
     ("text-embedding", "fp32"): ParityThresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_neighbour_agreement=0.99),
     ("text-embedding", "fp16"): ParityThresholds(max_abs_diff=5e-3, min_cosine=0.999, min_neighbour_agreement=0.95),
     ("text-embedding", "int8"): ParityThresholds(min_cosine=0.90, mean_cosine=0.98, min_neighbour_agreement=0.80),
+    # Images are compared with torchvision's uint8 pipeline, whose resize uses fixed-point
+    # arithmetic: pixels differ by up to one uint8 level when downscaling, and by up to two when an
+    # image is upscaled (smaller than the resize size: ORT's antialiased Resize then differs from
+    # torch's, which matches torchvision exactly), so even fp32 probabilities differ (0.0097
+    # measured on MobileNetV3-small). int8 is set from a random-weight MobileNetV3 (no trained
+    # weights offline; top-1 0.925, top-5 0.79): tighten it for trained models.
     ("image-classification", "fp32"): ParityThresholds(
-        max_abs_diff=1e-4, min_top1_agreement=0.99, min_top5_agreement=0.99, max_pixel_diff=1.0
+        max_abs_diff=0.02, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0
     ),
     ("image-classification", "fp16"): ParityThresholds(
-        max_abs_diff=1e-2, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=1.0
+        max_abs_diff=0.03, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0
     ),
     ("image-classification", "int8"): ParityThresholds(
-        max_abs_diff=0.1, min_top1_agreement=0.85, min_top5_agreement=0.85, max_pixel_diff=1.0
+        min_top1_agreement=0.85, min_top5_agreement=0.75, max_pixel_diff=2.0
     ),
 }
 
