@@ -29,7 +29,15 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_load import free_port, rss_mb, run_wrk, table, wait_ready  # noqa: E402
+from bench.serve_load import (  # noqa: E402
+    cold_start_table,
+    free_port,
+    rss_mb,
+    run_wrk,
+    table,
+    wait_ready,
+    write_results,
+)
 
 CONCURRENCY = (1, 8, 50)
 
@@ -202,17 +210,8 @@ def main() -> int:
         )
     results["ratios"] = ratios
     print("\n" + table(ratios))
-    print(
-        "\n"
-        + table(
-            [["server", "cold start to ready, s"]]
-            + [[s["server"], f"{s['cold_start_s']:.2f}"] for s in results["servers"]]
-        )
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    print("\n" + cold_start_table(results["servers"]))
+    write_results(args.out, results)
     return 0
 
 

@@ -336,6 +336,17 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def cold_start_table(servers: list[dict[str, Any]]) -> str:
+    return table([["server", "cold start to ready, s"]] + [[s["server"], f"{s['cold_start_s']:.2f}"] for s in servers])
+
+
+def write_results(path: str, results: dict[str, Any]) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"), help="bundle to serve")
@@ -398,13 +409,7 @@ def main() -> int:
             )
     print(f"\nserving {manifest.name}, {os.cpu_count()} cores, {args.seconds:.0f} s per run")
     print(table(rows))
-    print(
-        "\n"
-        + table(
-            [["server", "cold start to ready, s"]]
-            + [[s["server"], f"{s['cold_start_s']:.2f}"] for s in results["servers"]]
-        )
-    )
+    print("\n" + cold_start_table(results["servers"]))
     by_name = {s["server"]: {(r["workload"], r["concurrency"]): r for r in s["runs"]} for s in results["servers"]}
     if {"ortpack", "naive pytorch"} <= set(by_name):
         ratios = [["workload", "ortpack vs naive pytorch", "ortpack vs simple ort int8"]]
@@ -433,10 +438,7 @@ def main() -> int:
             + [[k, f"{v:.0f}"] for k, v in results["layer_cpu_us_per_request"].items()]
         )
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_results(args.out, results)
     return 0
 
 
