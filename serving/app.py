@@ -108,6 +108,7 @@ def create_app(service: ModelService, config: ServeConfig) -> Starlette:
 
         async def run(request: Request) -> Response:
             started = time.perf_counter()
+            metrics.in_flight.inc()
             try:
                 if guarded and expected_auth is not None:
                     given = request.headers.get("authorization", "").encode()
@@ -122,6 +123,8 @@ def create_app(service: ModelService, config: ServeConfig) -> Starlette:
             except Exception as exc:
                 log.exception("unexpected error on %s", route)
                 response = error_response(ServeError(f"internal error: {type(exc).__name__}"))
+            finally:
+                metrics.in_flight.dec()
             metrics.requests.labels(route=route, status=str(response.status_code)).inc()
             metrics.latency.labels(route=route).observe(time.perf_counter() - started)
             return response

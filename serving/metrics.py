@@ -35,6 +35,7 @@ class Metrics:
         self.items = Counter("ortpack_items_total", "items (texts, images) answered", registry=r)
         self.rejections = Counter("ortpack_rejections_total", "requests refused, by reason", ["reason"], registry=r)
         self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
+        self.in_flight = Gauge("ortpack_requests_in_flight", "requests accepted and not yet answered", registry=r)
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.size)

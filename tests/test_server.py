@@ -208,6 +208,7 @@ def test_bad_input_gets_4xx_in_one_shape(
 
 
 def test_wrong_method_and_metrics(server: RunningServer) -> None:
+    assert httpx.post(f"{server.url}/v1/embeddings", json={}).status_code == 400  # counted below
     wrong = httpx.get(f"{server.url}/v1/embeddings")
     assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "method_not_allowed"
     text = httpx.get(f"{server.url}/metrics").text
@@ -281,7 +282,12 @@ def test_sigterm_under_load_loses_nothing_accepted(tiny_bundle: Path, tmp_path: 
             async with httpx.AsyncClient(base_url=s.url, limits=httpx.Limits(max_connections=100), timeout=60) as c:
                 body = {"input": [" ".join(["drain"] * 120)] * 4}
                 tasks = [asyncio.ensure_future(c.post("/v1/embeddings", json=body)) for _ in range(60)]
-                await asyncio.sleep(0.3)  # all 60 requests are in the server's queue by now
+                while True:  # SIGTERM only once the server has accepted all 60 (the 61st is /metrics)
+                    text = (await c.get("/metrics")).text
+                    line = next(x for x in text.splitlines() if x.startswith("ortpack_requests_in_flight "))
+                    if float(line.split()[1]) >= 61 or all(t.done() for t in tasks):
+                        break
+                    await asyncio.sleep(0.01)
                 sent.set()
                 for done in await asyncio.gather(*tasks, return_exceptions=True):
                     results.append(done.status_code if isinstance(done, httpx.Response) else type(done).__name__)
