@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install run test unit lint typecheck format bench clean golden serve-lock bench-serve serve
+.PHONY: install run test unit lint typecheck format bench clean golden serve-lock bench-serve bench-image serve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench-serve: $(STAMP)
 	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
 	test -d dist/all-MiniLM-L6-v2 || $(MAKE) run
 	$(PY) bench/serve_load.py
+
+# The image serving benchmark (builds dist/mobilenet_v3_small from random weights if missing).
+bench-image: $(STAMP)
+	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
+	$(PY) bench/image_serve.py
 
 # Serve the bundle from `make run` on 127.0.0.1:8080 (ORTPACK_* variables configure it).
 serve: $(STAMP)
