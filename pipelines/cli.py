@@ -61,8 +61,10 @@ def _floats3(value: str) -> tuple[float, float, float]:
     return numbers  # type: ignore[return-value]
 
 
-def export_spec(args: argparse.Namespace, source: str, default_name: str) -> Any:
-    """The ExportSpec of a command's model options (validated: bad values fail here, before work)."""
+def export_spec(args: argparse.Namespace, source: str, default_name: str, local_files: bool = True) -> Any:
+    """The ExportSpec of a command's model options (validated: bad values fail here, before work).
+    With `local_files`, --weights and --labels must exist here; a submitted run reads them in the
+    cluster's component image instead."""
     from components.core.sources import check_local_file
     from components.core.specs import ExportSpec
 
@@ -71,8 +73,8 @@ def export_spec(args: argparse.Namespace, source: str, default_name: str) -> Any
         task=args.task,
         name=args.name or default_name,
         max_length=args.max_length,
-        weights=check_local_file(args.weights, "weights"),
-        labels=check_local_file(args.labels, "labels"),
+        weights=check_local_file(args.weights, "weights") if local_files else args.weights,
+        labels=check_local_file(args.labels, "labels") if local_files else args.labels,
         resize_size=args.resize_size,
         crop_size=args.crop_size,
         mean=args.mean,
@@ -117,7 +119,7 @@ def _pipeline_arguments(args: argparse.Namespace, *, local_model: bool) -> tuple
     """
     from components.core.errors import InvalidSpecError
     from components.core.sources import resolve_model_source
-    from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
+    from components.core.specs import BuildSpec, parse_threshold_overrides, variant_grid
 
     if local_model:
         source, default_name = resolve_model_source(args.model, args.task)
@@ -125,19 +127,7 @@ def _pipeline_arguments(args: argparse.Namespace, *, local_model: bool) -> tuple
     elif not args.model.strip():
         raise InvalidSpecError("--model is empty")
     else:
-        default_name = Path(args.model.rstrip("/")).name
-        spec = ExportSpec(
-            source=args.model,
-            task=args.task,
-            name=args.name or default_name,
-            max_length=args.max_length,
-            weights=args.weights,
-            labels=args.labels,
-            resize_size=args.resize_size,
-            crop_size=args.crop_size,
-            mean=args.mean,
-            std=args.std,
-        )
+        spec = export_spec(args, args.model, Path(args.model.rstrip("/")).name, local_files=False)
     variants = variant_grid(_csv(args.targets), _csv(args.precisions))
     overrides = parse_threshold_overrides(args.threshold)
     name = spec.name
