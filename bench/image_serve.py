@@ -24,18 +24,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
     free_port,
-    rss_mb,
+    print_run,
     run_wrk,
+    started_server,
     table,
-    wait_ready,
     write_results,
 )
 
@@ -90,32 +88,15 @@ def ensure_bundle(bundle: Path, weights: Path) -> None:
 def bench(
     name: str, command: list[str], env: dict[str, str], port: int, bodies: Path, seconds: float
 ) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        cold = wait_ready(url, proc)
-        handle = psutil.Process(proc.pid)
-        print(f"{name}: ready in {cold:.2f} s (RSS {rss_mb(handle):.0f} MB); warming up", flush=True)
+    with started_server(name, command, env, port) as (url, handle, cold):
         run_wrk(url, bodies, 8, 3, handle, path="/v1/classify/json")
         runs = []
         for connections in CONCURRENCY:
             result = run_wrk(url, bodies, connections, seconds, handle, path="/v1/classify/json")
             result["concurrency"] = connections
             runs.append(result)
-            print(
-                f"  c={connections}: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
-                f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}",
-                flush=True,
-            )
+            print_run(f"c={connections}", result)
         return {"server": name, "cold_start_s": cold, "runs": runs}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,17 @@ def run_wrk(
     sampler.start()
     cpu0 = cpu_seconds(proc)
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s", str(LUA), f"{url}{path}"],
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(LUA),
+            f"{url}{path}",
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "WRK_BODIES": str(bodies)},
@@ -167,18 +179,41 @@ def write_bodies(directory: Path, model: str) -> dict[int, Path]:
     return paths
 
 
-def bench_server(
-    name: str, command: list[str], env: dict[str, str], port: int, bodies: dict[int, Path], seconds: float
-) -> dict[str, Any]:
+@contextlib.contextmanager
+def started_server(
+    name: str, command: list[str], env: dict[str, str], port: int
+) -> Iterator[tuple[str, psutil.Process, float]]:
+    """Start a server (its output discarded), wait for readiness; yield (url, process, cold start)."""
     url = f"http://127.0.0.1:{port}"
-    started = time.perf_counter()
     proc = subprocess.Popen(
-        command, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         cold = wait_ready(url, proc)
         handle = psutil.Process(proc.pid)
         print(f"{name}: ready in {cold:.2f} s (RSS {rss_mb(handle):.0f} MB); warming up", flush=True)
+        yield url, handle, cold
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def print_run(label: str, result: dict[str, Any]) -> None:
+    print(
+        f"  {label}: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
+        f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}",
+        flush=True,
+    )
+
+
+def bench_server(
+    name: str, command: list[str], env: dict[str, str], port: int, bodies: dict[int, Path], seconds: float
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    with started_server(name, command, env, port) as (url, handle, cold):
         run_wrk(url, bodies[1], 8, 3, handle)
         runs = []
         for label, connections, per_request in WORKLOADS:
@@ -190,18 +225,8 @@ def bench_server(
                 sentences_per_s=result["requests_per_s"] * per_request,
             )
             runs.append(result)
-            print(
-                f"  {label} c={connections}: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
-                f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}",
-                flush=True,
-            )
+            print_run(f"{label} c={connections}", result)
         return {"server": name, "cold_start_s": cold, "startup_total_s": time.perf_counter() - started, "runs": runs}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def offline_bound(bundle: Path, seconds: float = 4.0) -> dict[str, float]:
@@ -316,7 +341,7 @@ def http_only_cpu(bundle: Path, seconds: float) -> float:
         handle = psutil.Process(proc.pid)
         cpu0 = cpu_seconds(handle)
         out = subprocess.run(
-            ["wrk", "-t1", "-c32", f"-d{seconds}s", f"http://127.0.0.1:{port}/v2/health/live"],
+            ["wrk", "-t1", "-c32", f"-d{max(1, round(seconds))}s", f"http://127.0.0.1:{port}/v2/health/live"],
             capture_output=True,
             text=True,
             check=True,
