@@ -57,16 +57,11 @@ def worker_torch(model: str, input_names: list[str], vocab_size: int, budget: fl
 def worker_variant(bundle: str, variant_id: str, input_names: list[str], vocab_size: int, budget: float) -> dict:
     from components.core.timing import measure_latency, synthetic_text_batch
     from serving.bundle import read_manifest
-    from serving.runtime import create_session, plan_session
+    from serving.runtime import create_session, plan_for
 
     manifest = read_manifest(Path(bundle))
     variant = manifest.variant(variant_id)
-    plan = plan_session(
-        wanted_providers=variant.execution_providers,
-        offline_level=variant.offline_optimization_level,
-        built_ort_version=variant.ort_version,
-        online_level=variant.online_optimization_level,
-    )
+    plan = plan_for(variant)
     session = create_session(Path(bundle) / variant.file, plan)
     out = {}
     for key, (b, s) in SHAPES.items():

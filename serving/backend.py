@@ -49,14 +49,9 @@ def load_session(model_path: Path, variant: Variant, *, intra_op_threads: int) -
     """An ORT session for a bundle variant, tuned for serving: `intra_op_threads` each (the
     server runs several calls at once instead) and no spin-waiting, which would steal the cores
     the HTTP layer needs."""
-    from serving.runtime import create_session, plan_session
+    from serving.runtime import create_session, plan_for
 
-    plan = plan_session(
-        wanted_providers=variant.execution_providers,
-        offline_level=variant.offline_optimization_level,
-        built_ort_version=variant.ort_version,
-        online_level=variant.online_optimization_level,
-    )
+    plan = plan_for(variant)
     session = create_session(model_path, plan, intra_op_threads=intra_op_threads, allow_spinning=False)
     return session, plan
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("ortpack.runtime")
 
@@ -53,6 +53,29 @@ def plan_session(
             providers=providers, online_optimization=True, reason=f"{matched}; layout optimizations at load"
         )
     return SessionPlan(providers=providers, online_optimization=False, reason=matched)
+
+
+class BuildRecord(Protocol):
+    """What a variant was built for: a pipeline OptimizeResult or a manifest Variant."""
+
+    @property
+    def execution_providers(self) -> list[str]: ...
+    @property
+    def offline_optimization_level(self) -> str: ...
+    @property
+    def ort_version(self) -> str: ...
+    @property
+    def online_optimization_level(self) -> str: ...
+
+
+def plan_for(built: BuildRecord) -> SessionPlan:
+    """`plan_session` for a variant's build record."""
+    return plan_session(
+        wanted_providers=built.execution_providers,
+        offline_level=built.offline_optimization_level,
+        built_ort_version=built.ort_version,
+        online_level=built.online_optimization_level,
+    )
 
 
 def create_session(

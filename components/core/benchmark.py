@@ -10,7 +10,7 @@ import numpy as np
 
 from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
-from serving.runtime import create_session, plan_session
+from serving.runtime import create_session, plan_for
 
 log = logging.getLogger("ortpack.benchmark")
 
@@ -42,12 +42,7 @@ def benchmark_variant(
     variant_dir, export_dir = Path(variant_dir), Path(export_dir)
     built = OptimizeResult.load(variant_dir)
     export = ExportResult.load(export_dir)
-    plan = plan_session(
-        wanted_providers=built.execution_providers,
-        offline_level=built.offline_optimization_level,
-        built_ort_version=built.ort_version,
-        online_level=built.online_optimization_level,
-    )
+    plan = plan_for(built)
     session = create_session(variant_dir / built.model_file, plan)
     shapes: dict[str, dict[str, float]] = {}
     for key, (batch, feeds) in bench_feeds(export).items():

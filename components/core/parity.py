@@ -353,16 +353,11 @@ def validate_variant(
     """Check the variant built by `optimize_model` in `variant_dir`; save `parity.json` in
     `out_dir` (default: `variant_dir`)."""
     from components.core.artifacts import ExportResult, OptimizeResult
-    from serving.runtime import plan_session
+    from serving.runtime import plan_for
 
     built = OptimizeResult.load(variant_dir)
     export = ExportResult.load(export_dir)
-    plan = plan_session(
-        wanted_providers=built.execution_providers,
-        offline_level=built.offline_optimization_level,
-        built_ort_version=built.ort_version,
-        online_level=built.online_optimization_level,
-    )
+    plan = plan_for(built)
     report = check_parity(
         Path(variant_dir) / built.model_file,
         Path(export_dir) / export.reference_file,
