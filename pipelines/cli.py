@@ -292,10 +292,73 @@ def cmd_bundle_verify(args: argparse.Namespace) -> int:
 
     manifest = verify_bundle(Path(args.bundle))
     size = sum(f.bytes for f in manifest.files.values())
+    signed = ""
+    if args.trust_key:
+        from serving.signing import verify_signature
+
+        signature = verify_signature(Path(args.bundle), Path(args.trust_key))
+        signed = f", signature verified ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})"
+    else:
+        _warn_unchecked_signature(Path(args.bundle))
     print(
         f"ok: {manifest.name} {manifest.version} ({manifest.task}), variants "
         f"{', '.join(v.id for v in manifest.variants)}, {len(manifest.files)} files, {size / 1e6:.1f} MB verified"
+        f"{signed}"
     )
+    return 0
+
+
+def _warn_unchecked_signature(bundle: Path) -> None:
+    from serving.signing import has_signature
+
+    if has_signature(bundle):
+        log.warning("the bundle's signature (model.sig) was not checked: pass --trust-key PUB.pem to verify it")
+    else:
+        log.warning("the bundle is unsigned: nothing proves who made it (ortpack bundle sign)")
+
+
+def cmd_bundle_sign(args: argparse.Namespace) -> int:
+    from serving.signing import sign_bundle
+
+    password = os.environ.get(args.key_password_env) if args.key_password_env else None
+    signature = sign_bundle(Path(args.bundle), Path(args.key), password=password)
+    print(f"signed: {signature.path} ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})")
+    return 0
+
+
+def cmd_bundle_push(args: argparse.Namespace) -> int:
+    from serving.oci import push_bundle
+
+    bundle = Path(args.bundle)
+    if args.trust_key:
+        from serving.signing import verify_signature
+
+        verify_signature(bundle, Path(args.trust_key))
+    log.info("pushing %s to %s", bundle, args.reference)
+    print(push_bundle(bundle, args.reference))  # verifies the bundle's checksums first
+    return 0
+
+
+def cmd_bundle_pull(args: argparse.Namespace) -> int:
+    import shutil
+
+    from serving.bundle import verify_bundle
+    from serving.oci import pull_bundle
+
+    out = Path(args.out)
+    pinned = pull_bundle(args.reference, out)
+    try:
+        manifest = verify_bundle(out)
+        if args.trust_key:
+            from serving.signing import verify_signature
+
+            verify_signature(out, Path(args.trust_key))
+        else:
+            _warn_unchecked_signature(out)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)  # never leave a bundle that failed verification
+        raise
+    print(f"pulled: {out} ({manifest.name} {manifest.version}) from {pinned}")
     return 0
 
 
@@ -458,17 +521,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
-    bundle = sub.add_parser("bundle", help="inspect bundles", description="inspect bundles")
-    bsub = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
-    p = bsub.add_parser(
-        "verify",
-        help="check a bundle's schema version and every file's sha256",
-        description="check a bundle's schema version and every file's sha256",
-    )
-    p.add_argument("bundle", help="bundle directory")
-    p.set_defaults(func=cmd_bundle_verify)
-    _add_common(p)
+    _add_bundle_commands(sub)
     return parser
+
+
+def _add_bundle_commands(sub: Any) -> None:
+    """`ortpack bundle ACTION`: one `action(...)` call per action, plus its own arguments."""
+    bundle = sub.add_parser(
+        "bundle", help="verify, sign, push and pull bundles", description="verify, sign, push and pull bundles"
+    )
+    bsub = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
+
+    def action(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = bsub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=fn)
+        _add_common(p)
+        return p
+
+    def trust_key(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument(
+            "--trust-key",
+            default=os.environ.get("ORTPACK_TRUST_KEY") or None,
+            metavar="PUB.pem",
+            help=f"EC public key (PEM): {what} unless the bundle's model.sig verifies with it and covers every "
+            "file (also ORTPACK_TRUST_KEY)",
+        )
+
+    p = action("verify", cmd_bundle_verify, "check a bundle's schema version, every file's sha256, and its signature")
+    p.add_argument("bundle", help="bundle directory")
+    trust_key(p, "fail")
+
+    p = action("sign", cmd_bundle_sign, "sign every file of a bundle (OpenSSF model signing) into BUNDLE/model.sig")
+    p.add_argument("bundle", help="bundle directory (verified before signing)")
+    p.add_argument("--key", required=True, metavar="KEY.pem", help="EC private key (PEM; P-256, P-384 or P-521)")
+    p.add_argument(
+        "--key-password-env",
+        metavar="VAR",
+        help="environment variable holding the private key's password, if it is encrypted",
+    )
+
+    p = action("push", cmd_bundle_push, "push a bundle to an OCI registry; print its pinned oci://...@sha256: URI")
+    p.add_argument("bundle", help="bundle directory (verified before pushing)")
+    p.add_argument("reference", metavar="oci://HOST[:PORT]/REPO:TAG", help="where to push")
+    trust_key(p, "refuse to push")
+
+    p = action("pull", cmd_bundle_pull, "pull a bundle from an OCI registry, check every digest, and verify it")
+    p.add_argument("reference", metavar="oci://HOST[:PORT]/REPO@sha256:...|:TAG", help="what to pull")
+    p.add_argument("--out", required=True, help="bundle directory to create (must not exist)")
+    trust_key(p, "fail (and remove --out)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

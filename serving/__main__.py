@@ -1,9 +1,10 @@
 """`ortpack-serve` / `python -m serving`: fetch, verify and serve a bundle.
 
-Start-up problems (bad option, unreachable or tampered bundle, no variant for this hardware)
-print one line and exit 2; the HTTP port opens before warm-up, so liveness answers at once and
-readiness turns 200 when every bucket shape has run. SIGTERM (or Ctrl-C) stops intake, answers
-every request already accepted, then exits.
+Start-up problems (bad option, unreachable or tampered bundle, a signature missing or not
+verifying with --trust-key, no variant for this hardware) print one line and exit 2; the HTTP
+port opens before warm-up, so liveness answers at once and readiness turns 200 when every bucket
+shape has run. SIGTERM (or Ctrl-C) stops intake, answers every request already accepted, then
+exits.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def build(config: Any) -> tuple[Any, Any]:
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
     bundle_dir = fetch_bundle(config.bundle, cache)
+    check_signature(bundle_dir, getattr(config, "trust_key", ""))
     service = load_service(bundle_dir, config, Metrics())
     service.begin_warm_up(config)  # on another thread, while the HTTP stack is imported below
 
@@ -77,6 +79,23 @@ def build(config: Any) -> tuple[Any, Any]:
 
     app.router.lifespan_context = lifespan
     return app, service
+
+
+def check_signature(bundle_dir: Path, trust_key: str) -> None:
+    """With a trust key, verify the bundle's signature before anything is loaded (raises BundleError);
+    without one, say in one warning line that nothing proves who made the bundle."""
+    if trust_key:
+        from serving.signing import verify_signature
+
+        signed = verify_signature(bundle_dir, Path(trust_key))
+        log.info("bundle signature verified: %d files, key sha256 %s", len(signed.files), signed.key_fingerprint[:16])
+        return
+    from serving.signing import has_signature
+
+    if has_signature(bundle_dir):
+        log.warning("bundle signature (model.sig) NOT checked: no --trust-key given; serving it unverified")
+    else:
+        log.warning("bundle is unsigned: serving it without a signature check (--trust-key refuses unsigned bundles)")
 
 
 def serve(app: Any, service: Any, config: Any) -> int:

@@ -41,6 +41,7 @@ class ServeConfig:
     intra_op_threads: int = 1
     warmup: bool = True
     cache_dir: str = ""  # where fetched bundles go; default: a directory under the temp dir
+    trust_key: str = ""  # PEM public key; when set, the bundle's model.sig must verify with it
     log_level: str = "info"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -109,6 +110,7 @@ _HELP = {
     "intra_op_threads": "ONNX Runtime threads per model call (default 1)",
     "warmup": "run every bucket shape once before reporting ready",
     "cache_dir": "where fetched bundles are extracted (default: under the temp directory)",
+    "trust_key": "PEM public key; refuse bundles whose signature is missing or does not verify with it",
     "log_level": "debug, info, warning or error",
 }
 

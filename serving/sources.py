@@ -10,6 +10,9 @@ Sources, named by a URI:
   key that is not an archive): every object under the prefix is downloaded, keeping its path
   relative to the prefix. boto3 reads the standard `AWS_*` environment variables, including
   `AWS_ENDPOINT_URL` for S3-compatible servers.
+- `oci://HOST[:PORT]/REPO@sha256:...` or `oci://HOST[:PORT]/REPO:TAG`: an OCI artifact pushed by
+  `ortpack bundle push` (serving.oci, the `oci` extra): the manifest digest is checked when the
+  reference is pinned, every layer's size and sha256 always.
 
 A tar may hold the bundle files at its root or inside one top-level directory; the returned
 directory is always the one holding `manifest.json`. This module does not verify the bundle:
@@ -22,7 +25,8 @@ links, devices and FIFOs, more than 10,000 entries and more than 20 GiB of decla
 hidden temporary directory under the cache and renamed into place only when complete, so a
 failure leaves nothing behind. Every failure is a one-line `BundleError` naming the URI.
 
-Only the standard library is imported here; boto3 is imported when an `s3://` URI is fetched.
+Only the standard library is imported here; boto3 is imported when an `s3://` URI is fetched,
+oras when an `oci://` one is.
 """
 
 from __future__ import annotations
@@ -70,10 +74,12 @@ def fetch_bundle(uri: str, cache_dir: Path) -> Path:
             return _fetch_http(uri, cache_dir)
         if scheme == "s3":
             return _fetch_s3(uri, cache_dir)
+        if scheme == "oci":
+            return _fetch_oci(uri, cache_dir)
     except OSError as exc:  # a safety net: the fetchers convert the errors they expect
         raise BundleError(f"cannot fetch {uri}: {_describe(exc)}") from None
     raise BundleError(
-        f"unsupported bundle URI scheme {scheme!r} (use a directory, file://, http(s):// or s3://): {uri}"
+        f"unsupported bundle URI scheme {scheme!r} (use a directory, file://, http(s)://, s3:// or oci://): {uri}"
     )
 
 
@@ -190,6 +196,19 @@ def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Pa
         return _publish(staging, uri, cache_dir)
 
 
+# --- oci -----------------------------------------------------------------------------------
+
+
+def _fetch_oci(uri: str, cache_dir: Path) -> Path:
+    """Pull an OCI artifact (serving.oci checks the manifest digest when pinned and every layer's digest)."""
+    from serving.oci import pull_bundle
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    final = cache_dir / f"bundle-{uuid.uuid4().hex[:16]}"
+    pull_bundle(uri, final)
+    return _bundle_root(final, uri)
+
+
 # --- extraction and publishing ------------------------------------------------------------
 
 
@@ -252,6 +271,7 @@ def _publish(staging: Path, uri: str, cache_dir: Path) -> Path:
     """Rename the complete `staging` directory into place; return the bundle directory inside it."""
     rel = _bundle_root(staging, uri).relative_to(staging)
     final = cache_dir / f"bundle-{uuid.uuid4().hex[:16]}"
+    os.chmod(staging, 0o755)  # mkdtemp makes it 0700: a server running as another user could not read it
     os.rename(staging, final)
     return final / rel
 
