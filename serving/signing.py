@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,9 @@ class BundleSignature:
     path: Path
     files: tuple[str, ...]
     key_fingerprint: str  # sha256 of the public key (SubjectPublicKeyInfo PEM), as model.sig records it
+    # path -> hex sha256 the signature vouches for: a loader that reads the files (manifest.json
+    # included) once can check the bytes it loads against these, closing the check-then-load window
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 def sign_bundle(bundle_dir: Path, private_key_path: Path, *, password: str | None = None) -> BundleSignature:
@@ -104,7 +107,9 @@ def sign_bundle(bundle_dir: Path, private_key_path: Path, *, password: str | Non
         shutil.rmtree(work, ignore_errors=True)
     if set(signed.files) != set(files):  # a file appeared or went while hashing
         raise SignatureCoverageError(f"the bundle changed while it was signed: {bundle_dir}")
-    return BundleSignature(path=bundle_dir / SIGNATURE_NAME, files=signed.files, key_fingerprint=fingerprint)
+    return BundleSignature(
+        path=bundle_dir / SIGNATURE_NAME, files=signed.files, key_fingerprint=fingerprint, digests=signed.digests
+    )
 
 
 def verify_signature(bundle_dir: Path, public_key_path: Path) -> BundleSignature:
@@ -153,7 +158,8 @@ def verify_signature(bundle_dir: Path, public_key_path: Path) -> BundleSignature
     if set(signed) != set(on_disk):
         diff = _describe_difference(signed, bundle_dir, on_disk)
         raise SignatureCoverageError(f"signature does not cover every file in {bundle_dir}: {diff}")
-    return BundleSignature(path=signature, files=tuple(sorted(signed)), key_fingerprint=fingerprint)
+    sha256 = {rel: d.partition(":")[2] for rel, d in signed.items() if d.startswith("sha256:")}
+    return BundleSignature(path=signature, files=tuple(sorted(signed)), key_fingerprint=fingerprint, digests=sha256)
 
 
 def has_signature(bundle_dir: Path) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.bundle import BundleError, verify_bundle, write_bundle
+from serving.bundle import BundleError, sha256_file, verify_bundle, write_bundle
 from serving.signing import (
     SIGNATURE_NAME,
     SignatureCoverageError,
@@ -82,6 +82,7 @@ def test_sign_then_verify(tmp_path: Path, keys: tuple[Path, Path]) -> None:
     assert (bundle / SIGNATURE_NAME).stat().st_mode & 0o777 == 0o644
     checked = verify_signature(bundle, keys[1])
     assert checked.files == made.files and checked.key_fingerprint == made.key_fingerprint
+    assert checked.digests == {rel: sha256_file(bundle / rel) for rel in made.files} == made.digests
     # the OpenSSF model signing format: a Sigstore bundle around a DSSE envelope of an in-toto statement
     document = json.loads((bundle / SIGNATURE_NAME).read_text())
     statement = json.loads(base64.b64decode(document["dsseEnvelope"]["payload"]))
