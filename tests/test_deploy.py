@@ -350,13 +350,13 @@ def test_inference_service_uses_the_runtime() -> None:
 
 
 def server_routes() -> set[str]:
-    """The paths of every Starlette `Route(...)` declared in the server's modules (importing the app is heavy)."""
+    """Every route path the server's modules declare, as `Route("/path", ...)` or `path="/path"` (importing the
+    app is heavy)."""
     found: set[str] = set()
+    declared = re.compile(r"""(?:\bRoute\(\s*|\bpath\s*=\s*)["'](/[^"']*)["']""")
     for path in (ROOT / "serving").rglob("*.py"):
-        found |= set(re.findall(r"""\bRoute\(\s*["'](/[^"']*)["']""", path.read_text()))
-    assert "/v2/health/ready" in found, (
-        "no Route(...) found in serving/: update server_routes() to how routes are declared"
-    )
+        found |= set(declared.findall(path.read_text()))
+    assert "/v2/health/ready" in found, "no route declarations found in serving/: update server_routes()"
     return found
 
 
