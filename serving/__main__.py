@@ -81,21 +81,23 @@ def build(config: Any) -> tuple[Any, Any]:
     return app, service
 
 
-def check_signature(bundle_dir: Path, trust_key: str) -> None:
-    """With a trust key, verify the bundle's signature before anything is loaded (raises BundleError);
-    without one, say in one warning line that nothing proves who made the bundle."""
+def check_signature(bundle_dir: Path, trust_key: str) -> Any:
+    """With a trust key, verify the bundle's signature before anything is loaded (raises BundleError)
+    and return it (a `BundleSignature`: the digests it vouches for); without one, say in one warning
+    line that nothing proves who made the bundle, and return None."""
     if trust_key:
         from serving.signing import verify_signature
 
         signed = verify_signature(bundle_dir, Path(trust_key))
         log.info("bundle signature verified: %d files, key sha256 %s", len(signed.files), signed.key_fingerprint[:16])
-        return
+        return signed
     from serving.signing import has_signature
 
     if has_signature(bundle_dir):
         log.warning("bundle signature (model.sig) NOT checked: no --trust-key given; serving it unverified")
     else:
         log.warning("bundle is unsigned: serving it without a signature check (--trust-key refuses unsigned bundles)")
+    return None
 
 
 def serve(app: Any, service: Any, config: Any) -> int:
