@@ -58,8 +58,10 @@ def build(config: Any) -> tuple[Any, Any]:
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
     bundle_dir = fetch_bundle(config.bundle, cache)
-    check_signature(bundle_dir, getattr(config, "trust_key", ""))
+    signature = check_signature(bundle_dir, getattr(config, "trust_key", ""))  # before anything is loaded
     service = load_service(bundle_dir, config, Metrics())
+    if signature is None:
+        warn_unverified(bundle_dir)  # after the load, so a refused start stays one line
     service.begin_warm_up(config)  # on another thread, while the HTTP stack is imported below
 
     from serving.app import create_app
@@ -83,21 +85,24 @@ def build(config: Any) -> tuple[Any, Any]:
 
 def check_signature(bundle_dir: Path, trust_key: str) -> Any:
     """With a trust key, verify the bundle's signature before anything is loaded (raises BundleError)
-    and return it (a `BundleSignature`: the digests it vouches for); without one, say in one warning
-    line that nothing proves who made the bundle, and return None."""
-    if trust_key:
-        from serving.signing import verify_signature
+    and return it (a `BundleSignature`: the digests it vouches for); without one, return None."""
+    if not trust_key:
+        return None
+    from serving.signing import verify_signature
 
-        signed = verify_signature(bundle_dir, Path(trust_key))
-        log.info("bundle signature verified: %d files, key sha256 %s", len(signed.files), signed.key_fingerprint[:16])
-        return signed
+    signed = verify_signature(bundle_dir, Path(trust_key))
+    log.info("bundle signature verified: %d files, key sha256 %s", len(signed.files), signed.key_fingerprint[:16])
+    return signed
+
+
+def warn_unverified(bundle_dir: Path) -> None:
+    """One warning line: nothing proves who made this bundle (no --trust-key)."""
     from serving.signing import has_signature
 
     if has_signature(bundle_dir):
         log.warning("bundle signature (model.sig) NOT checked: no --trust-key given; serving it unverified")
     else:
         log.warning("bundle is unsigned: serving it without a signature check (--trust-key refuses unsigned bundles)")
-    return None
 
 
 def serve(app: Any, service: Any, config: Any) -> int:
