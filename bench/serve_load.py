@@ -238,7 +238,7 @@ def offline_bound(bundle: Path, seconds: float = 4.0) -> dict[str, float]:
 
     service = load_service(bundle, ServeConfig(bundle=str(bundle)), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
-    payloads = service.encoder.encode(queries).payloads
+    payloads = service.runtime.encoder.encode(queries).payloads
     out = {}
     for batch in (1, 8):
         groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
@@ -286,7 +286,7 @@ def layer_costs(bundle: Path, http_cpu_ms: float) -> dict[str, float]:
     service = load_service(bundle, ServeConfig(bundle=str(bundle)), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     bodies = [orjson.dumps({"input": q, "model": "m"}) for q in queries]
-    encoded = [service.encoder.encode([q]) for q in queries]
+    encoded = [service.runtime.encoder.encode([q]) for q in queries]
 
     def per_call(fn: Any, n: int = 2000) -> float:
         t0 = time.thread_time()
@@ -294,10 +294,10 @@ def layer_costs(bundle: Path, http_cpu_ms: float) -> dict[str, float]:
             fn(i % len(queries))
         return (time.thread_time() - t0) / n * 1e6
 
-    row = np.zeros(service.dim, dtype=np.float32)
+    row = np.zeros(service.runtime.output_dim, dtype=np.float32)
     costs = {
         "json parse": per_call(lambda i: orjson.loads(bodies[i])),
-        "tokenize": per_call(lambda i: service.encoder.encode([queries[i]])),
+        "tokenize": per_call(lambda i: service.runtime.encoder.encode([queries[i]])),
         "json answer": per_call(
             lambda i: orjson.dumps(
                 {

@@ -9,11 +9,10 @@ exits.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,21 +65,7 @@ def build(config: Any) -> tuple[Any, Any]:
 
     from serving.app import create_app
 
-    app = create_app(service, config)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Any) -> AsyncIterator[None]:
-        import asyncio
-
-        warm = asyncio.get_running_loop().create_task(service.start(config))  # port opens meanwhile
-        try:
-            yield
-        finally:
-            warm.cancel()
-            await service.stop()
-
-    app.router.lifespan_context = lifespan
-    return app, service
+    return create_app(service, config), service
 
 
 def check_signature(bundle_dir: Path, trust_key: str) -> Any:

@@ -45,14 +45,14 @@ class TextEmbeddingBackend:
         return self.session.run(None, self.feeds(payloads))[0]
 
 
-def load_session(model_path: Path, variant: Variant, *, intra_op_threads: int) -> tuple[Any, Any]:
+def load_session(model: Path | bytes, variant: Variant, *, intra_op_threads: int) -> tuple[Any, Any]:
     """An ORT session for a bundle variant, tuned for serving: `intra_op_threads` each (the
     server runs several calls at once instead) and no spin-waiting, which would steal the cores
     the HTTP layer needs."""
     from serving.runtime import create_session, plan_for
 
     plan = plan_for(variant)
-    session = create_session(model_path, plan, intra_op_threads=intra_op_threads, allow_spinning=False)
+    session = create_session(model, plan, intra_op_threads=intra_op_threads, allow_spinning=False)
     return session, plan
 
 
@@ -66,3 +66,18 @@ class ImageClassifierBackend:
 
     def run(self, payloads: Sequence[np.ndarray]) -> np.ndarray:
         return self.session.run(None, {"images": np.stack(payloads)})[0]
+
+
+class TextClassifierBackend(TextEmbeddingBackend):
+    """Token ids (or `TokenPair`s, for cross-encoders) in, the classifier's output rows out
+    (probabilities or relevance scores: the activation is in the graph)."""
+
+    def feeds(self, payloads: Sequence[Any]) -> dict[str, np.ndarray]:
+        arrays = super().feeds([getattr(p, "ids", p) for p in payloads])
+        if "token_type_ids" in arrays and any(hasattr(p, "type_ids") for p in payloads):
+            types = arrays["token_type_ids"]
+            for row, payload in enumerate(payloads):
+                segment = getattr(payload, "type_ids", None)
+                if segment is not None:
+                    types[row, : len(segment)] = segment
+        return arrays

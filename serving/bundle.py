@@ -23,10 +23,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
+# 2: hardware records, the probe set and typed parity/benchmark sections (a version-1 bundle has no
+# probe for the node check: rebuild it).
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 
-Task = Literal["text-embedding", "image-classification"]
+Task = Literal["text-embedding", "image-classification", "text-classification"]
+# The task sections each task's manifest must carry (the rest of a task's knowledge lives in its
+# modules: components/core/tasks/ and serving/tasks/).
+TASK_SECTIONS: dict[str, tuple[str, ...]] = {
+    "text-embedding": ("tokenizer", "pooling"),
+    "image-classification": ("preprocessing",),
+    "text-classification": ("tokenizer", "classification"),
+}
 
 
 class BundleError(ValueError):
@@ -87,9 +96,69 @@ class ImagePreprocessing(_Strict):
     std: tuple[float, float, float]
 
 
+class Classification(_Strict):
+    """The head of a text classifier: the activation baked into the graph, and whether it scores
+    (query, document) pairs (a cross-encoder, served as /v1/rerank) or single texts."""
+
+    activation: Literal["softmax", "sigmoid", "none"]
+    pairs: bool
+
+
 class FileEntry(_Strict):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(ge=0)
+
+
+class HardwareRecord(_Strict):
+    """The machine a check or a measurement ran on (serving.hardware.HardwareInfo)."""
+
+    machine: str
+    cpu_model: str
+    features: list[str]
+    cores: int
+    int8_kernel: str
+
+
+class ProbeRecord(_Strict):
+    """The probe check of one variant on one machine (serving.probe.ProbeResult)."""
+
+    passed: bool
+    values: dict[str, float]
+    misses: list[str] = Field(default_factory=list)
+    samples: int
+    seconds: float
+    provider: str
+    hardware: HardwareRecord | None = None
+
+
+class ParitySection(_Strict):
+    """The parity gate's verdict at build time, and where it was reached."""
+
+    passed: bool
+    validated_on: str  # the execution provider that actually ran the check
+    samples: int
+    thresholds: dict[str, float]
+    values: dict[str, float]
+    hardware: HardwareRecord | None = None
+    probe: ProbeRecord | None = None  # the probe check on the build machine
+    off_target: bool = False  # validated on another provider than the target's, allowed by the user
+
+
+class BenchmarkSection(_Strict):
+    """Latency per input shape on the build machine, and the speed-up over PyTorch."""
+
+    shapes: dict[str, dict[str, float]] = Field(default_factory=dict)
+    speedup_vs_torch: dict[str, float] = Field(default_factory=dict)
+    execution_providers: list[str] = Field(default_factory=list)
+    hardware: HardwareRecord | None = None
+    threads: int = 0
+
+
+class ProbeSet(_Strict):
+    """The probe inputs and PyTorch outputs every serving node replays before ready."""
+
+    file: str = "probe/probe.npz"
+    samples: int = Field(gt=0)
 
 
 class Variant(_Strict):
@@ -108,8 +177,8 @@ class Variant(_Strict):
     # without them). A mismatch always loads with "all".
     online_optimization_level: Literal["disabled", "all"] = "all"
     optimize: dict[str, Any] = Field(default_factory=dict)
-    parity: dict[str, Any] = Field(default_factory=dict)
-    benchmark: dict[str, Any] = Field(default_factory=dict)
+    parity: ParitySection
+    benchmark: BenchmarkSection = Field(default_factory=BenchmarkSection)
 
 
 class Manifest(_Strict):
@@ -123,7 +192,9 @@ class Manifest(_Strict):
     tokenizer: TokenizerSettings | None = None
     pooling: Pooling | None = None
     preprocessing: ImagePreprocessing | None = None
+    classification: Classification | None = None
     labels: list[str] | None = None
+    probe: ProbeSet | None = None
     variants: list[Variant] = Field(min_length=1)
     files: dict[str, FileEntry] = Field(default_factory=dict)
     created_at: str
@@ -134,10 +205,9 @@ class Manifest(_Strict):
         ids = [v.id for v in self.variants]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate variant ids: {ids}")
-        if self.task == "text-embedding" and self.tokenizer is None:
-            raise ValueError("a text-embedding manifest needs tokenizer settings")
-        if self.task == "image-classification" and self.preprocessing is None:
-            raise ValueError("an image-classification manifest needs preprocessing settings")
+        missing = [name for name in TASK_SECTIONS[self.task] if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"a {self.task} manifest needs {' and '.join(missing)} settings")
         return self
 
     def variant(self, variant_id: str) -> Variant:
@@ -152,6 +222,8 @@ class Manifest(_Strict):
         names = [v.file for v in self.variants]
         if self.tokenizer is not None:
             names.append(self.tokenizer.file)
+        if self.probe is not None:
+            names.append(self.probe.file)
         return names
 
 
@@ -172,6 +244,37 @@ def _safe_relpath(rel: str) -> str:
     if pure.is_absolute() or ".." in pure.parts or not pure.parts or rel != pure.as_posix():
         raise BundleError(f"unsafe path in bundle: {rel!r}")
     return rel
+
+
+def read_verified(bundle_dir: Path, manifest: Manifest, rel: str) -> bytes:
+    """The bytes of one listed file, read once and checked against the manifest: the caller loads
+    these bytes, not the path, so a file swapped after the check can never be what is used."""
+    entry = manifest.files.get(rel)
+    if entry is None:
+        raise BundleError(f"manifest points at unlisted file: {rel}")
+    path = Path(bundle_dir) / _safe_relpath(rel)
+    if not path.resolve().is_relative_to(Path(bundle_dir).resolve()):
+        raise BundleError(f"file escapes the bundle: {rel}")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(entry.bytes + 1)
+    except FileNotFoundError:
+        raise BundleError(f"missing file in bundle: {rel}") from None
+    if len(data) != entry.bytes:
+        raise BundleError(f"size mismatch for {rel}: {len(data)} bytes, manifest says {entry.bytes}")
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise BundleError(f"checksum mismatch for {rel}: the file was changed after packaging")
+    return data
+
+
+def _make_readable(root: Path) -> None:
+    """0755 folders and 0644 files whatever the umask: a non-root server must read the bundle."""
+    os.chmod(root, 0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(Path(dirpath) / name, 0o755)
+        for name in filenames:
+            os.chmod(Path(dirpath) / name, 0o644)
 
 
 def write_bundle(
@@ -211,6 +314,7 @@ def write_bundle(
         if missing:
             raise BundleError(f"manifest points at files the bundle lacks: {missing}")
         (staging / MANIFEST_NAME).write_text(parsed.model_dump_json(indent=2) + "\n")
+        _make_readable(staging)
         replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -255,6 +359,11 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     if not isinstance(raw, dict):
         raise BundleError(f"{MANIFEST_NAME} in {bundle_dir} is not a JSON object")
     version = raw.get("schema_version")
+    if version == 1:
+        raise BundleError(
+            f"{bundle_dir} is a schema_version 1 bundle, written by an older ortpack without the probe set "
+            f"every node re-checks: rebuild it (this ortpack reads version {SCHEMA_VERSION})"
+        )
     if version != SCHEMA_VERSION:
         raise BundleError(
             f"unknown bundle schema_version {version!r} in {bundle_dir} (this ortpack reads version {SCHEMA_VERSION})"

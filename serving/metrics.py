@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from serving.batcher import BatchStats
+from serving.gates import GATES
+from serving.probe import ProbeResult
 
 _LATENCY = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -36,6 +38,23 @@ class Metrics:
         self.rejections = Counter("ortpack_rejections_total", "requests refused, by reason", ["reason"], registry=r)
         self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
         self.in_flight = Gauge("ortpack_requests_in_flight", "requests accepted and not yet answered", registry=r)
+        # The node check: each gated number of the probe set, per variant tried on this node
+        self.parity = {
+            metric: Gauge(
+                f"ortpack_parity_{metric}",
+                f"probe check on this node: {metric} against PyTorch",
+                ["variant"],
+                registry=r,
+            )
+            for metric in GATES
+            if metric != "max_pixel_diff"  # needs the build's preprocessing graph: not re-checked
+        }
+        self.probe_passed = Gauge(
+            "ortpack_parity_passed",
+            "1 when the variant passed its gate on this node's probe check",
+            ["variant"],
+            registry=r,
+        )
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.size)
@@ -43,6 +62,12 @@ class Metrics:
         self.inference.labels(bucket=str(stats.bucket)).observe(stats.seconds)
         self.queue_wait.observe(stats.queue_wait)
         self.items.inc(stats.size)
+
+    def observe_probe(self, result: ProbeResult) -> None:
+        for metric, gauge in self.parity.items():
+            if metric in result.values:
+                gauge.labels(variant=result.variant_id).set(result.values[metric])
+        self.probe_passed.labels(variant=result.variant_id).set(1 if result.passed else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -79,13 +79,14 @@ def plan_for(built: BuildRecord) -> SessionPlan:
 
 
 def create_session(
-    model_path: Path,
+    model: Path | bytes,
     plan: SessionPlan,
     *,
     intra_op_threads: int = 0,
     allow_spinning: bool = True,
 ) -> Any:
-    """An `InferenceSession` following `plan`. `intra_op_threads=0` lets ORT use every core."""
+    """An `InferenceSession` following `plan` for a model file or the model's bytes (the server
+    passes the bytes it verified). `intra_op_threads=0` lets ORT use every core."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -101,5 +102,6 @@ def create_session(
     if not allow_spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if plan.fallback:
-        log.warning("optimizing %s online: %s", Path(model_path).name, plan.reason)
-    return ort.InferenceSession(str(model_path), options, providers=plan.providers)
+        log.warning("optimizing the model online: %s", plan.reason)
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=plan.providers)

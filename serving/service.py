@@ -1,132 +1,146 @@
 """The model service: one loaded bundle variant behind the batcher (the layer between the HTTP
-routes and the backend). It owns readiness: warm-up runs every bucket shape before `ready`."""
+routes and the backend). It picks the variant, checks it on this node, and owns readiness:
+warm-up runs every shape before `ready`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from serving.backend import ImageClassifierBackend, TextEmbeddingBackend, load_session
+from serving.backend import load_session
 from serving.batcher import Batcher
-from serving.bundle import BundleError, Manifest, Variant, read_manifest, verify_bundle
+from serving.bundle import BundleError, Manifest, Variant, read_manifest, read_verified, verify_bundle
 from serving.config import ServeConfig
 from serving.errors import NotReadyError
-from serving.images import ImageDecoder
+from serving.hardware import HardwareInfo, this_machine
 from serving.metrics import Metrics
-from serving.text import Encoded, TextEncoder, default_buckets
+from serving.probe import Probe, ProbeResult, check_probe
+from serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
 
-# For `--variant auto` without benchmark numbers: per target, the precisions to prefer, best first.
+# For `--variant auto` without benchmark numbers from this kind of CPU: per target, the precisions
+# to prefer, best first (fp32 last: the most faithful, the fallback when a variant misses here).
 PREFERENCE = {"cuda": ("fp16", "fp32"), "cpu": ("int8", "fp32")}
 TARGET_PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 
 
-def _measured_p50(variant: Variant) -> float | None:
-    shapes = variant.benchmark.get("shapes") or {}
-    first = next(iter(shapes.values()), None)
-    return float(first["p50_ms"]) if first else None
+def _measured_p50(variant: Variant, hardware: HardwareInfo) -> float | None:
+    """The bundle's first benchmark shape, if it was measured on a CPU with no feature this one
+    lacks (a VNNI machine's int8 numbers say nothing about an AVX2-only one)."""
+    bench = variant.benchmark
+    first = next(iter(bench.shapes.values()), None)
+    if first is None or bench.hardware is None:
+        return None
+    if bench.hardware.machine != hardware.machine or not hardware.has_features(bench.hardware.features):
+        return None
+    return float(first["p50_ms"])
 
 
-def choose_variant(manifest: Manifest, requested: str, available_providers: Sequence[str]) -> Variant:
-    """The variant to load: the one asked for, or for `auto`, among the variants of the first
-    target whose execution provider this onnxruntime has (cuda before cpu), the fastest by the
-    bundle's own benchmark (int8 is not always faster: a static-int8 MobileNetV3 ran slower than
-    fp32), else by `PREFERENCE`."""
-    if requested != "auto":
-        return manifest.variant(requested)
+def _ranking(
+    candidates: list[Variant], preference: tuple[str, ...], hardware: HardwareInfo
+) -> Callable[[Variant], tuple[float, str]]:
+    """Sort key: by measured p50 when every candidate was measured on this kind of CPU, else by
+    precision preference (fp32 last)."""
+    measured = {v.id: p50 for v in candidates if (p50 := _measured_p50(v, hardware)) is not None}
+    by_speed = len(measured) == len(candidates)
+
+    def key(v: Variant) -> tuple[float, str]:
+        if by_speed:
+            return (measured[v.id], v.id)
+        return (float(preference.index(v.precision) if v.precision in preference else 99), v.id)
+
+    return key
+
+
+def rank_variants(
+    variants: Sequence[Variant], available_providers: Sequence[str], hardware: HardwareInfo
+) -> list[Variant]:
+    """`auto`'s order over these variants on this machine (see `candidate_variants`)."""
+    ordered: list[Variant] = []
     for target in ("cuda", "cpu"):
         if TARGET_PROVIDER[target] not in available_providers:
             continue
-        candidates = [v for v in manifest.variants if v.target == target]
-        if not candidates:
-            continue
-        measured = [(p50, v.id, v) for v in candidates if (p50 := _measured_p50(v)) is not None]
-        if len(measured) == len(candidates):
-            return min(measured)[2]
-        return sorted(
-            candidates, key=lambda v: PREFERENCE[target].index(v.precision) if v.precision in PREFERENCE[target] else 99
-        )[0]
-    raise BundleError(
-        f"no variant of {manifest.name} runs on this machine (providers {list(available_providers)}; "
-        f"variants {[v.id for v in manifest.variants]})"
-    )
+        candidates = [v for v in variants if v.target == target]
+        ordered += sorted(candidates, key=_ranking(candidates, PREFERENCE[target], hardware))
+    return ordered
+
+
+def candidate_variants(
+    manifest: Manifest, requested: str, available_providers: Sequence[str], hardware: HardwareInfo
+) -> list[Variant]:
+    """The variants to try, in order: the one asked for, or for `auto`, the variants of the first
+    target whose execution provider this onnxruntime has (cuda before cpu), fastest first by the
+    bundle's own benchmark when it was measured on this kind of CPU (int8 is not always faster: a
+    static-int8 MobileNetV3 ran slower than fp32), else by `PREFERENCE` (fp32 last); then the
+    other targets."""
+    if requested != "auto":
+        return [manifest.variant(requested)]
+    ordered = rank_variants(manifest.variants, available_providers, hardware)
+    if not ordered:
+        raise BundleError(
+            f"no variant of {manifest.name} runs on this machine (providers {list(available_providers)}; "
+            f"variants {[v.id for v in manifest.variants]})"
+        )
+    return ordered
+
+
+def choose_variant(
+    manifest: Manifest, requested: str, available_providers: Sequence[str], hardware: HardwareInfo | None = None
+) -> Variant:
+    """The first candidate (see `candidate_variants`), before any probe check."""
+    return candidate_variants(manifest, requested, available_providers, hardware or this_machine())[0]
 
 
 @dataclass
 class ModelService:
+    """One loaded variant of a bundle behind the batcher: what the routes call. `runtime` is the
+    task's side (serving/tasks/): its backend, tokenizer or decoder, routes and schemas."""
+
     manifest: Manifest
     variant: Variant
-    encoder: TextEncoder | None  # text bundles
-    decoder: ImageDecoder | None  # image bundles
-    backend: TextEmbeddingBackend | ImageClassifierBackend
+    runtime: TaskRuntime
     batcher: Batcher
     metrics: Metrics
     model_name: str
     timeout_s: float
     online_optimization: bool
     load_reason: str = ""
+    node_check: ProbeResult | None = None  # the probe check of this variant on this node
+    rejected: list[ProbeResult] = field(default_factory=list)  # variants that missed it here
     ready: bool = False
     draining: bool = False
 
     @property
-    def dim(self) -> int:
-        return self.backend.output_dim
+    def backend(self) -> Any:
+        return self.runtime.backend
 
-    @property
-    def task(self) -> str:
-        return self.manifest.task
-
-    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> np.ndarray:
+    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any], *, tokens: int = 0) -> np.ndarray:
+        """Queue one request's items and wait for their rows (in order)."""
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
         self.metrics.queue_depth.set(self.batcher.depth + len(payloads))
         rows = await self.batcher.submit(payloads, buckets, self.timeout_s)
         return np.stack(rows)
 
-    async def embed(self, encoded: Encoded) -> np.ndarray:
-        return await self.infer(encoded.payloads, encoded.buckets)
-
-    def warm_up_shapes(self, max_batch_size: int) -> list[tuple[int, ...]]:
-        """Text: (batch, length) per bucket, batch 1 at every ceiling and a full batch at the
-        smallest. Images (a bucket per image size): (batch, height, width) for the crop size, VGA
-        both ways and 1080p at batch 1, and a batch of 8 VGA images."""
-        if self.encoder is not None:
-            shapes: list[tuple[int, ...]] = [(1, b) for b in self.encoder.buckets]
-            shapes.append((max_batch_size, self.encoder.buckets[0]))
-            return shapes
-        crop = self.manifest.preprocessing.crop_size if self.manifest.preprocessing else 224
-        return [(1, crop, crop), (1, 480, 640), (1, 640, 480), (1, 1080, 1920), (min(8, max_batch_size), 480, 640)]
-
-    def warm_up(self, max_batch_size: int, threads: int) -> float:
-        """Run every bucket shape once (first calls allocate memory and pick kernels), spread over
-        `threads` (the server's model workers: the cores are otherwise idle during start-up)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def run(shape: tuple[int, ...]) -> None:
-            if self.encoder is not None:
-                batch, length = shape
-                ids = np.full(length, 1000 % self.encoder.vocab_size, dtype=np.int64)
-                self.backend.run([ids] * batch)
-            else:
-                batch, height, width = shape
-                self.backend.run([np.full((height, width, 3), 128, dtype=np.uint8)] * batch)
-
+    def warm_up(self, max_batch_size: int, threads: int) -> tuple[int, float]:
+        """Run every shape the task will run once (first calls allocate memory and pick kernels),
+        spread over `threads` (the server's model workers: the cores are otherwise idle during
+        start-up). Returns (batches, seconds)."""
+        batches = self.runtime.warm_up_batches(max_batch_size)
         started = time.perf_counter()
-        shapes = sorted(self.warm_up_shapes(max_batch_size), key=lambda s: -int(np.prod(s)))  # biggest first
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
-            list(pool.map(run, shapes))
-        return time.perf_counter() - started
+            list(pool.map(self.backend.run, batches))
+        return len(batches), time.perf_counter() - started
 
     def begin_warm_up(self, config: ServeConfig) -> None:
         """Start warming up on a background thread now, so it overlaps the rest of start-up
@@ -135,8 +149,8 @@ class ModelService:
             return
 
         def run() -> None:
-            seconds = self.warm_up(config.max_batch_size, config.worker_count)
-            log.info("warm-up: %d shapes in %.2f s", len(self.warm_up_shapes(config.max_batch_size)), seconds)
+            count, seconds = self.warm_up(config.max_batch_size, config.worker_count)
+            log.info("warm-up: %d shapes in %.2f s", count, seconds)
 
         self._warm_up_thread = threading.Thread(target=run, name="ortpack-warmup", daemon=True)
         self._warm_up_thread.start()
@@ -159,39 +173,86 @@ class ModelService:
         await self.batcher.stop(drain=True)
 
 
-def _batcher(backend: Any, config: ServeConfig, metrics: Metrics, images: bool = False) -> Batcher:
-    """Images are batched by size and also capped at `max_batch_pixels` per batch."""
+def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics) -> Batcher:
+    item_cost, max_cost = runtime.item_cost()
     return Batcher(
-        backend,
+        runtime.backend,
         max_batch_size=config.max_batch_size,
         max_queue_size=config.max_queue_size,
         workers=config.worker_count,
         max_batch_delay_ms=config.max_batch_delay_ms,
         on_batch=metrics.observe_batch,
-        item_cost=(lambda p: p.shape[0] * p.shape[1]) if images else None,
-        max_batch_cost=config.max_batch_pixels if images else math.inf,
+        item_cost=item_cost,
+        max_batch_cost=max_cost,
     )
 
 
+class NodeCheckError(BundleError):
+    """No variant the server may load passes its gate on this node."""
+
+
 def load_service(bundle_dir: Path, config: ServeConfig, metrics: Metrics) -> ModelService:
-    """Verify the bundle, pick the variant, open its session: everything before warm-up."""
+    """Verify the bundle, pick the variant, open its session, and re-check its numbers on this
+    node with the bundle's probe set: everything before warm-up.
+
+    Every file is checked before the server starts. What it loads is read once, hashed and loaded
+    from those bytes (a file swapped on disk after the check is never what runs); the rest (other
+    variants, the report) is hashed on another thread meanwhile. With `--variant auto` a variant
+    that misses its gate here is skipped for the next candidate (fp32 last), with one warning line;
+    an explicitly requested one that misses refuses the start."""
     import onnxruntime as ort
 
     manifest = read_manifest(bundle_dir)
-    variant = choose_variant(manifest, config.variant, ort.get_available_providers())
-    # Every file is checked before the server starts: what it loads before loading it, the rest
-    # (other variants, the report) on another thread meanwhile (hashing 90 MB takes ~0.15 s).
-    loaded = [variant.file] + ([manifest.tokenizer.file] if manifest.tokenizer else [])
+    hardware = this_machine()
+    candidates = candidate_variants(manifest, config.variant, ort.get_available_providers(), hardware)
+    shared = [manifest.tokenizer.file] if manifest.tokenizer else []
+    if manifest.probe is not None:
+        shared.append(manifest.probe.file)
+    first = [candidates[0].file, *shared]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-verify") as pool:
-        others = pool.submit(verify_bundle, bundle_dir, [f for f in manifest.files if f not in loaded])
-        verify_bundle(bundle_dir, only=loaded)
-        service, batching = _open(bundle_dir, manifest, variant, config, metrics)
+        others = pool.submit(verify_bundle, bundle_dir, [f for f in manifest.files if f not in first])
+        files = {rel: read_verified(bundle_dir, manifest, rel) for rel in shared}
+        probe = Probe.from_bytes(files[manifest.probe.file]) if manifest.probe is not None else None
+        rejected: list[ProbeResult] = []
+        service: ModelService | None = None
+        for variant in candidates:
+            model = read_verified(bundle_dir, manifest, variant.file)
+            service, batching = _open(manifest, variant, model, files, config, metrics)
+            del model
+            if probe is None:
+                log.warning(
+                    "bundle %s has no probe set: variant %s is not re-checked on this node", manifest.name, variant.id
+                )
+                break
+            result = _node_check(service, probe, hardware)
+            metrics.observe_probe(result)
+            if result.passed:
+                service.node_check = result
+                break
+            rejected.append(result)
+            if variant is candidates[-1] or config.variant != "auto":
+                break
+            log.warning(
+                "variant %s missed its gate on this node (%s): %s; trying %s",
+                variant.id,
+                hardware.int8_kernel,
+                result.summary(),
+                candidates[candidates.index(variant) + 1].id,
+            )
+            service = None
         others.result()  # a tampered file anywhere refuses the start
+    if service is None or (service.node_check is None and probe is not None):
+        summary = " | ".join(f"{r.variant_id}: {r.summary()}" for r in rejected)
+        raise NodeCheckError(
+            f"no variant of {manifest.name} passes its parity gate on this node ({hardware.summary()}): {summary}"
+        )
+    service.rejected = rejected
     log.info(
-        "loaded %s variant %s (%s); %d workers x %d threads; %s",
+        "loaded %s variant %s (%s); node check %s; %d workers x %d threads; %s",
         manifest.name,
-        variant.id,
+        service.variant.id,
         service.load_reason,
+        "skipped (no probe set)" if service.node_check is None else f"passed in {service.node_check.seconds:.2f} s",
         config.worker_count,
         config.intra_op_threads,
         batching,
@@ -199,49 +260,43 @@ def load_service(bundle_dir: Path, config: ServeConfig, metrics: Metrics) -> Mod
     return service
 
 
-# The loaded model service, and how it batches (for the start-up log line).
+def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> ProbeResult:
+    """The variant's probe check on this node, with its own thresholds from the manifest."""
+    return check_probe(
+        probe,
+        service.runtime.probe_prepare(),
+        service.backend.run,
+        service.variant.parity.thresholds,
+        get_task(service.manifest.task).probe_metrics,
+        variant_id=service.variant.id,
+        provider=service.backend.session.get_providers()[0],
+        hardware=hardware.as_dict(),
+    )
+
+
 def _open(
-    bundle_dir: Path, manifest: Manifest, variant: Variant, config: ServeConfig, metrics: Metrics
+    manifest: Manifest,
+    variant: Variant,
+    model: bytes,
+    files: dict[str, bytes],
+    config: ServeConfig,
+    metrics: Metrics,
 ) -> tuple[ModelService, str]:
-    session, plan = load_session(bundle_dir / variant.file, variant, intra_op_threads=config.intra_op_threads)
-    dim = int(manifest.outputs[0].shape[-1])
-    encoder: TextEncoder | None = None
-    decoder: ImageDecoder | None = None
-    backend: TextEmbeddingBackend | ImageClassifierBackend
-    if manifest.task == "image-classification":
-        assert manifest.preprocessing is not None
-        try:
-            draft = manifest.preprocessing.resize_size if config.jpeg_draft else None
-            decoder = ImageDecoder(max_pixels=config.max_image_pixels, draft_size=draft)
-        except RuntimeError as exc:
-            raise BundleError(str(exc)) from None
-        backend = ImageClassifierBackend(session, dim)
-        batching = "images batched by size"
-    else:
-        assert manifest.tokenizer is not None
-        max_tokens = config.max_tokens or manifest.tokenizer.max_length
-        if max_tokens > manifest.tokenizer.max_length:
-            raise BundleError(f"--max-tokens {max_tokens} exceeds the model's {manifest.tokenizer.max_length}")
-        encoder = TextEncoder(
-            bundle_dir / manifest.tokenizer.file,
-            max_tokens=max_tokens,
-            truncate=config.truncate,
-            buckets=config.buckets or default_buckets(max_tokens),
-        )
-        backend = TextEmbeddingBackend(
-            session, manifest.tokenizer.model_input_names, manifest.tokenizer.pad_token_id, dim
-        )
-        batching = f"buckets {encoder.buckets}"
+    """The loaded model service, and how it batches (for the start-up log line)."""
+    session, plan = load_session(model, variant, intra_op_threads=config.intra_op_threads)
+    context = LoadContext(manifest=manifest, variant=variant, session=session, files=files, config=config)
+    try:
+        runtime = get_task(manifest.task).open(context)
+    except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
+        raise BundleError(str(exc)) from None
     return ModelService(
         manifest=manifest,
         variant=variant,
-        encoder=encoder,
-        decoder=decoder,
-        backend=backend,
-        batcher=_batcher(backend, config, metrics, images=decoder is not None),
+        runtime=runtime,
+        batcher=_batcher(runtime, config, metrics),
         metrics=metrics,
         model_name=config.model_name or manifest.name,
         timeout_s=config.request_timeout_ms / 1000.0,
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
-    ), batching
+    ), runtime.batching

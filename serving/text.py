@@ -11,7 +11,7 @@ import asyncio
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,17 +36,31 @@ def default_buckets(max_tokens: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenPair:
+    """A tokenized (query, document) pair: ids and segment ids. Its length is its token count."""
+
+    ids: np.ndarray
+    type_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
 class Encoded:
-    payloads: list[np.ndarray]  # int64 token ids, one array per text
+    payloads: list[Any]  # int64 token-id arrays, one per text (or a TokenPair per pair)
     buckets: list[int]  # each text's padded-length ceiling
     tokens: int  # real tokens in the request (for `usage`)
 
 
 class TextEncoder:
-    def __init__(self, tokenizer_file: Path, *, max_tokens: int, truncate: bool, buckets: Sequence[int]) -> None:
+    """`tokenizer_json` is the text of the bundle's tokenizer.json (read and verified by the caller:
+    the server tokenizes with exactly the bytes it checked)."""
+
+    def __init__(self, tokenizer_json: str, *, max_tokens: int, truncate: bool, buckets: Sequence[int]) -> None:
         from tokenizers import Tokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.tokenizer.no_padding()
         self.max_tokens = max_tokens
         self.truncate = truncate
@@ -74,6 +88,22 @@ class TextEncoder:
             tokens += len(ids)
         return Encoded(payloads=payloads, buckets=buckets, tokens=tokens)
 
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
+        """(query, document) pairs as one sequence each, with segment ids; truncation (when on)
+        shortens the longer text first, as Hugging Face tokenizers do."""
+        encodings = self.tokenizer.encode_batch(list(pairs))
+        checked = self._finish([e.ids for e in encodings])
+        payloads = [
+            TokenPair(ids=ids, type_ids=np.asarray(e.type_ids, dtype=np.int64))
+            for ids, e in zip(checked.payloads, encodings, strict=True)
+        ]
+        return Encoded(payloads=payloads, buckets=checked.buckets, tokens=checked.tokens)
+
+    async def encode_pairs_async(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
+        if sum(len(a) + len(b) for a, b in pairs) <= _INLINE_CHARS:
+            return self.encode_pairs(pairs)
+        return await asyncio.to_thread(self.encode_pairs, pairs)
+
     def encode(self, texts: Sequence[str]) -> Encoded:
         if len(texts) == 1:
             return self._finish([self.tokenizer.encode(texts[0]).ids])
@@ -96,3 +126,56 @@ class TextEncoder:
                     raise InvalidRequestError(f"input[{index}] has token id {token}, outside 0..{self.vocab_size - 1}")
             checked.append(ids)
         return self._finish(checked)
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def parse_text_input(value: Any, where: str) -> tuple[list[str] | None, list[list[int]] | None]:
+    """OpenAI `input`: a string, a list of strings, a token-id array or a list of them; returns
+    (texts, None) or (None, token-id lists). Empty texts are refused (they embed to nothing)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise InvalidRequestError(f"{where} must be a non-empty string, list of strings, or token-id arrays")
+    if all(isinstance(v, str) for v in value):
+        for i, text in enumerate(value):
+            if not text.strip():
+                raise InvalidRequestError(f"{where}[{i}] is empty")
+        return value, None
+    if _token_ids(value):
+        return None, [value]
+    if all(_token_ids(v) for v in value):
+        return None, value
+    raise InvalidRequestError(
+        f"{where} must be a string, a list of strings, a token-id array or a list of non-empty token-id arrays"
+    )
+
+
+def v2_texts(tensor: dict[str, Any]) -> list[str]:
+    """The strings of an Open Inference Protocol BYTES tensor of shape [n] or [n, 1] (row-major
+    data, flat or nested), checked against its shape."""
+    name = tensor.get("name")
+    shape, data = tensor.get("shape"), tensor.get("data")
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        or not 1 <= len(shape) <= 2
+        or (len(shape) == 2 and shape[1] != 1)
+    ):
+        raise InvalidRequestError(f"input '{name}' shape must be [n] or [n, 1], got {shape!r}")
+    if isinstance(data, list) and data and all(isinstance(d, list) for d in data):
+        if not all(len(row) == 1 for row in data) or len(shape) != 2:
+            raise InvalidRequestError(f"input '{name}' data does not match its shape {shape}")
+        data = [x for row in data for x in row]  # row-major nested form
+    if not isinstance(data, list) or len(data) != shape[0]:
+        raise InvalidRequestError(
+            f"input '{name}' has shape {shape} but {len(data) if isinstance(data, list) else 'no'} elements"
+        )
+    texts, _ = parse_text_input(data, "inputs[0].data") if data else (None, None)
+    if texts is None:
+        raise InvalidRequestError(f"input '{name}' must hold one or more non-empty strings")
+    return texts

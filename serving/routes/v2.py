@@ -1,0 +1,217 @@
+"""The Open Inference Protocol v2 REST surface (KServe): server metadata, health, model metadata
+and readiness, and inference on the task's one input tensor. The task says what its tensor is
+(`v2_inputs`) and how it becomes model payloads (`v2_payloads`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving import __version__
+from serving.errors import InvalidRequestError, NotReadyError
+from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+
+
+async def server_metadata(request: Request) -> Response:
+    return json_response({"name": "ortpack", "version": __version__, "extensions": []})
+
+
+async def live(request: Request) -> Response:
+    return json_response({"live": True})
+
+
+async def ready(request: Request) -> Response:
+    service = service_of(request)
+    if not service.ready:
+        raise NotReadyError("warming up" if not service.draining else "shutting down")
+    return json_response({"ready": True})
+
+
+async def model_ready(request: Request) -> Response:
+    check_model(request)
+    return await ready(request)
+
+
+def model_metadata(request: Request) -> dict[str, Any]:
+    service = service_of(request)
+    runtime = service.runtime
+    return {
+        "name": service.model_name,
+        "versions": [service.manifest.version],
+        "platform": "onnxruntime_onnx",
+        "inputs": runtime.v2_inputs(),
+        "outputs": [{"name": runtime.output_name, "datatype": "FP32", "shape": [-1, runtime.output_dim]}],
+        "parameters": {
+            "variant": service.variant.id,
+            "task": service.manifest.task,
+            "node_check": service.node_check.as_dict() | {"variant": service.variant.id}
+            if service.node_check
+            else None,
+            "rejected_variants": [r.as_dict() | {"variant": r.variant_id} for r in service.rejected],
+        },
+    }
+
+
+async def model_meta(request: Request) -> Response:
+    check_model(request)
+    return json_response(model_metadata(request))
+
+
+def _single_input(body: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    """The request's one input tensor, checked for its name and datatype."""
+    name, datatype = expected["name"], expected["datatype"]
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidRequestError(
+            f"inputs must be a list holding one tensor: {{'name': '{name}', 'datatype': '{datatype}', ...}}"
+        )
+    tensor: dict[str, Any] = inputs[0]
+    if tensor.get("name") != name:
+        raise InvalidRequestError(f"unknown input {tensor.get('name')!r}; this model takes '{name}'")
+    if tensor.get("datatype") != datatype:
+        raise InvalidRequestError(f"input '{name}' must have datatype {datatype}, got {tensor.get('datatype')!r}")
+    return tensor
+
+
+def _check_outputs(body: dict[str, Any], output_name: str) -> None:
+    """`outputs`, when given, is a list of {"name": ...} naming the model's one output."""
+    outputs = body.get("outputs")
+    if outputs is None:
+        return
+    if not isinstance(outputs, list):
+        raise InvalidRequestError(f"outputs must be a list of {{'name': ...}} objects, got {outputs!r}")
+    for output in outputs:
+        if not isinstance(output, dict) or output.get("name") != output_name:
+            raise InvalidRequestError(f"unknown output {output!r}; this model has {output_name!r}")
+
+
+async def infer(request: Request) -> Response:
+    check_model(request)
+    service = service_of(request)
+    runtime = service.runtime
+    body = await read_json_object(request)
+    if "id" in body and not isinstance(body["id"], str):
+        raise InvalidRequestError(f"id must be a string, got {body['id']!r}")
+    tensor = _single_input(body, runtime.v2_inputs()[0])
+    _check_outputs(body, runtime.output_name)
+    payloads, buckets = await runtime.v2_payloads(tensor)
+    rows: np.ndarray = await service.infer(payloads, buckets)
+    answer: dict[str, Any] = {
+        "model_name": service.model_name,
+        "model_version": service.manifest.version,
+        "outputs": [
+            {"name": runtime.output_name, "datatype": "FP32", "shape": list(rows.shape), "data": rows.reshape(-1)}
+        ],
+    }
+    if "id" in body:
+        answer["id"] = body["id"]
+    return json_response(answer)
+
+
+_INFER_ERRORS = (400, 404, 413, 415, 429, 503, 504)
+
+
+def _versions(spec: RouteSpec, suffix: str) -> RouteSpec:
+    """The same route under /v2/models/{name}/versions/{version}/..., counted under one label."""
+    return RouteSpec(
+        path=f"/v2/models/{{name}}/versions/{{version}}{suffix}",
+        method=spec.method,
+        handler=spec.handler,
+        summary=f"{spec.summary} (a given version)",
+        operation_id=f"{spec.operation_id}Version",
+        label=spec.path,
+        request_schema=spec.request_schema,
+        response_schema=spec.response_schema,
+        errors=spec.errors,
+    )
+
+
+_MODEL = RouteSpec(
+    path="/v2/models/{name}",
+    method="GET",
+    handler=model_meta,
+    summary="Model metadata, with the variant served and its check on this node",
+    operation_id="modelMetadata",
+    errors=(404,),
+)
+_MODEL_READY = RouteSpec(
+    path="/v2/models/{name}/ready",
+    method="GET",
+    handler=model_ready,
+    summary="Model readiness",
+    operation_id="modelReady",
+    errors=(404, 503),
+)
+_INFER = RouteSpec(
+    path="/v2/models/{name}/infer",
+    method="POST",
+    handler=infer,
+    summary="Infer (Open Inference Protocol v2): the model's one input tensor",
+    operation_id="modelInfer",
+    request_schema="InferRequest",
+    response_schema="InferResponse",
+    errors=_INFER_ERRORS,
+)
+
+ROUTES = [
+    RouteSpec(
+        path="/v2", method="GET", handler=server_metadata, summary="Server metadata", operation_id="serverMetadata"
+    ),
+    RouteSpec(
+        path="/v2/health/live",
+        method="GET",
+        handler=live,
+        summary="Liveness (no auth)",
+        operation_id="live",
+        guarded=False,
+    ),
+    RouteSpec(
+        path="/v2/health/ready",
+        method="GET",
+        handler=ready,
+        summary="Readiness: 200 once the node check and warm-up are done (no auth)",
+        operation_id="ready",
+        guarded=False,
+        errors=(503,),
+    ),
+    _MODEL,
+    _MODEL_READY,
+    _INFER,
+    _versions(_MODEL, ""),
+    _versions(_MODEL_READY, "/ready"),
+    _versions(_INFER, "/infer"),
+]
+
+SCHEMAS: dict[str, Any] = {
+    "InferTensor": {
+        "type": "object",
+        "required": ["name", "shape", "datatype", "data"],
+        "properties": {
+            "name": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer"}},
+            "datatype": {"type": "string"},
+            "data": {"type": "array"},
+        },
+    },
+    "InferRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InferTensor"}},
+            "outputs": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+        },
+    },
+    "InferResponse": {
+        "type": "object",
+        "properties": {
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "id": {"type": "string"},
+            "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/InferTensor"}},
+        },
+    },
+}

@@ -1,0 +1,240 @@
+"""Serving image classifiers: `POST /v1/classify` (the image bytes), `POST /v1/classify/json`
+(base64 in JSON), and the Open Inference Protocol with one input `images` (UINT8,
+`[n, height, width, 3]`) and one output `probabilities` (FP32, `[n, classes]`).
+
+Images are decoded off the event loop (serving/images.py); the graph resizes, crops and
+normalises. Images of one size share a batch (the bucket is the size), and a batch also stops at
+--max-batch-pixels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving.backend import ImageClassifierBackend
+from serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from serving.gates import probability_metrics
+from serving.http import RouteSpec, config_of, json_response, read_body, read_json_object, service_of
+from serving.images import ImageDecoder, top_k
+from serving.tasks import LoadContext, Prepare, ServingTask
+
+
+class ImageClassificationRuntime:
+    output_name = "probabilities"
+
+    def __init__(self, ctx: LoadContext) -> None:
+        manifest, config = ctx.manifest, ctx.config
+        if manifest.preprocessing is None:
+            raise ValueError("an image-classification bundle needs preprocessing settings")
+        draft = manifest.preprocessing.resize_size if config.jpeg_draft else None
+        try:
+            self.decoder = ImageDecoder(max_pixels=config.max_image_pixels, draft_size=draft)
+        except RuntimeError as exc:  # Pillow (the image extra) is missing
+            raise ValueError(str(exc)) from None
+        self.output_dim = int(manifest.outputs[0].shape[-1])
+        self.labels = manifest.labels or [str(i) for i in range(self.output_dim)]
+        self.crop = manifest.preprocessing.crop_size
+        self.max_items = config.max_items
+        self.max_image_pixels = config.max_image_pixels
+        self.max_batch_pixels = config.max_batch_pixels
+        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.batching = f"images batched by size, at most {config.max_batch_pixels / 1e6:g} MP per batch"
+
+    def item_cost(self) -> tuple[Any, float]:
+        return (lambda p: p.shape[0] * p.shape[1]), float(self.max_batch_pixels)
+
+    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
+        """The crop size, VGA both ways and 1080p at batch 1, and a batch of 8 VGA images."""
+
+        def image(height: int, width: int) -> np.ndarray:
+            return np.full((height, width, 3), 128, dtype=np.uint8)
+
+        shapes = [(1, self.crop, self.crop), (1, 480, 640), (1, 640, 480), (1, 1080, 1920)]
+        shapes.append((min(8, max_batch_size), 480, 640))
+        batches = [[image(h, w)] * n for n, h, w in shapes]
+        return sorted(batches, key=lambda batch: -len(batch) * batch[0].size)
+
+    def probe_prepare(self) -> Prepare:
+        decoder = self.decoder
+        return lambda files: [decoder.decode(f, "probe image") for f in files]
+
+    def v2_inputs(self) -> list[dict[str, Any]]:
+        return [{"name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, 3]}]
+
+    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        shape = tensor.get("shape")
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 4
+            or shape[3] != 3
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        ):
+            raise InvalidRequestError(f"input 'images' shape must be [n, height, width, 3], got {shape!r}")
+        n, height, width, _ = shape
+        if n > self.max_items:
+            raise PayloadTooLargeError(f"input 'images' has {n} images; the limit is {self.max_items}")
+        if height * width > self.max_image_pixels:
+            raise PayloadTooLargeError(f"images of {width}x{height} exceed the {self.max_image_pixels}-pixel limit")
+        data = tensor.get("data")
+        if isinstance(data, list) and data and isinstance(data[0], list):
+            raise InvalidRequestError("input 'images' data must be flat (row-major)")
+        try:
+            array = np.asarray(data, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidRequestError("input 'images' data must be integers 0..255") from None
+        if array.ndim != 1 or array.size != n * height * width * 3:
+            raise InvalidRequestError(f"input 'images' has shape {shape} but {array.size} elements")
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise InvalidRequestError("input 'images' data must be integers 0..255")
+        pixels = array.astype(np.uint8).reshape(n, height, width, 3)
+        return list(pixels), [(height, width)] * n
+
+    def requested_top_k(self, value: object) -> int:
+        if value is None:
+            return 5
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= self.output_dim:
+            raise InvalidRequestError(f"top_k must be an integer in 1..{self.output_dim}, got {value!r}")
+        return value
+
+    def routes(self) -> list[RouteSpec]:
+        errors = (400, 413, 415, 429, 503, 504)
+        top = {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer", "default": 5}}
+        return [
+            RouteSpec(
+                path="/v1/classify",
+                method="POST",
+                handler=classify,
+                summary="Classify one image sent as its bytes (Content-Type image/jpeg, image/png or image/webp)",
+                operation_id="classifyImage",
+                request_media=("image/jpeg", "image/png", "image/webp"),
+                response_schema="Classification",
+                errors=errors,
+                parameters=(top,),
+            ),
+            RouteSpec(
+                path="/v1/classify/json",
+                method="POST",
+                handler=classify_json,
+                summary="Classify images sent as base64 in JSON",
+                operation_id="classifyImagesJson",
+                request_schema="ClassifyJsonRequest",
+                response_schema="Classification",
+                errors=errors,
+            ),
+        ]
+
+    def schemas(self) -> dict[str, Any]:
+        return SCHEMAS
+
+    def describe(self) -> str:
+        return "image classification: /v1/classify and the Open Inference Protocol v2"
+
+    async def classify(self, request: Request, pixels: list[np.ndarray], k: int) -> list[list[dict[str, object]]]:
+        rows = await service_of(request).infer(pixels, [p.shape[:2] for p in pixels])
+        return [top_k(row, self.labels, k) for row in rows]
+
+
+def _runtime(request: Request) -> ImageClassificationRuntime:
+    runtime: ImageClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
+    return runtime
+
+
+async def classify(request: Request) -> Response:
+    """The image itself as the body."""
+    runtime = _runtime(request)
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith("image/"):
+        raise UnsupportedMediaTypeError(
+            f"send the image bytes with Content-Type image/*, not {kind!r} (or base64 JSON to /v1/classify/json)"
+        )
+    k = runtime.requested_top_k(request.query_params.get("top_k"))
+    data = await read_body(request, config_of(request).max_body_bytes)
+    pixels = await asyncio.to_thread(runtime.decoder.decode, data, "the request body")
+    (predictions,) = await runtime.classify(request, [pixels], k)
+    return json_response({"model": service_of(request).model_name, "predictions": predictions})
+
+
+async def classify_json(request: Request) -> Response:
+    """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
+    runtime = _runtime(request)
+    body = await read_json_object(request)
+    if ("image" in body) == ("images" in body):
+        raise InvalidRequestError("send a JSON object with 'image' (base64) or 'images' (a list of base64)")
+    k = runtime.requested_top_k(body.get("top_k"))
+    single = "image" in body
+    items = [body["image"]] if single else body["images"]
+    if not isinstance(items, list) or not items:
+        raise InvalidRequestError("'images' must be a non-empty list of base64 strings")
+    if len(items) > runtime.max_items:
+        raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {runtime.max_items}")
+    where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
+    decoder = runtime.decoder
+    pixels = await asyncio.to_thread(lambda: [decoder.decode_base64(x, w) for x, w in zip(items, where, strict=True)])
+    results = await runtime.classify(request, pixels, k)
+    model = service_of(request).model_name
+    if single:
+        return json_response({"model": model, "predictions": results[0]})
+    return json_response({"model": model, "data": [{"index": i, "predictions": p} for i, p in enumerate(results)]})
+
+
+def _backend(session: Any, fields: dict[str, Any]) -> ImageClassifierBackend:
+    return ImageClassifierBackend(session, int(fields["outputs"][0]["shape"][-1]))
+
+
+def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
+    """Probe files decoded by the server's decoder (full decode)."""
+    decoder = ImageDecoder(max_pixels=1 << 40)
+
+    def prepare(images: Sequence[Any]) -> list[Any]:
+        return [decoder.decode(bytes(f), "probe image") for f in images]
+
+    return prepare
+
+
+_PREDICTION = {
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "index": {"type": "integer"}, "probability": {"type": "number"}},
+}
+SCHEMAS: dict[str, Any] = {
+    "ClassifyJsonRequest": {
+        "type": "object",
+        "properties": {
+            "image": {"type": "string", "description": "base64 or a data: URL"},
+            "images": {"type": "array", "items": {"type": "string"}},
+            "top_k": {"type": "integer", "default": 5},
+        },
+    },
+    "Classification": {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "predictions": {"type": "array", "items": _PREDICTION},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "predictions": {"type": "array", "items": _PREDICTION},
+                    },
+                },
+            },
+        },
+    },
+}
+
+TASK = ServingTask(
+    name="image-classification",
+    open=ImageClassificationRuntime,
+    probe_prepare=_probe_prepare,
+    backend=_backend,
+    probe_metrics=lambda reference, candidate, _inputs: probability_metrics(reference, candidate),
+)

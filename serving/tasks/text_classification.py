@@ -1,0 +1,328 @@
+"""Serving text classifiers and cross-encoder rerankers (task `text-classification`).
+
+- Classifiers (softmax or sigmoid over labels): `POST /v1/classify` with `{"input": text or
+  [texts], "top_k"}` answers each text's labels with probabilities, best first; the Open
+  Inference Protocol takes `text` (BYTES, `[n]`) and answers `probabilities` `[n, labels]`.
+- Cross-encoders (one output): `POST /v1/rerank` with `{"query", "documents", "top_n",
+  "return_documents"}` answers the documents' relevance scores, best first (the shape Cohere,
+  Jina and TEI clients read: `results: [{index, relevance_score, document?}]`); pairs are
+  tokenized with the bundle's tokenizer, segment ids included. v2 takes `text` BYTES `[n, 2]`
+  (query, document rows) and answers `scores` `[n, 1]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving.backend import TextClassifierBackend
+from serving.errors import InvalidRequestError, PayloadTooLargeError
+from serving.gates import probability_metrics, rank_agreement
+from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.tasks import LoadContext, Prepare, ServingTask
+from serving.text import Encoded, TextEncoder, default_buckets, parse_text_input, v2_texts
+
+
+class TextClassificationRuntime:
+    def __init__(self, ctx: LoadContext) -> None:
+        manifest, config = ctx.manifest, ctx.config
+        tokenizer, classification = manifest.tokenizer, manifest.classification
+        if tokenizer is None or classification is None:
+            raise ValueError("a text-classification bundle needs tokenizer and classification settings")
+        max_tokens = config.max_tokens or tokenizer.max_length
+        if max_tokens > tokenizer.max_length:
+            raise ValueError(f"--max-tokens {max_tokens} exceeds the model's {tokenizer.max_length}")
+        self.pairs = classification.pairs
+        self.max_items = config.max_items
+        self.encoder = TextEncoder(
+            ctx.files[tokenizer.file].decode(),
+            max_tokens=max_tokens,
+            truncate=config.truncate,
+            buckets=config.buckets or default_buckets(max_tokens),
+        )
+        self.output_name = manifest.outputs[0].name
+        self.output_dim = int(manifest.outputs[0].shape[-1])
+        self.labels = manifest.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
+        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.batching = f"buckets {self.encoder.buckets}"
+        self._probe = _probe_prepare(manifest.model_dump(), ctx.files)
+
+    def item_cost(self) -> tuple[None, float]:
+        return None, float("inf")
+
+    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
+        def ids(length: int) -> np.ndarray:
+            return np.full(length, 1000 % self.encoder.vocab_size, dtype=np.int64)
+
+        buckets = self.encoder.buckets
+        batches = [[ids(b)] for b in buckets] + [[ids(buckets[0])] * max_batch_size]
+        return sorted(batches, key=lambda batch: -len(batch) * len(batch[0]))
+
+    def probe_prepare(self) -> Prepare:
+        return self._probe
+
+    async def encode(self, texts: list[str], where: str, pairs_with: str | None = None) -> Encoded:
+        if len(texts) > self.max_items:
+            raise PayloadTooLargeError(f"{where} has {len(texts)} items; the limit is {self.max_items}")
+        if pairs_with is not None:
+            return await self.encoder.encode_pairs_async([(pairs_with, t) for t in texts])
+        return await self.encoder.encode_async(texts)
+
+    def v2_inputs(self) -> list[dict[str, Any]]:
+        return [{"name": "text", "datatype": "BYTES", "shape": [-1, 2] if self.pairs else [-1]}]
+
+    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        if not self.pairs:
+            encoded = await self.encode(v2_texts(tensor), "inputs[0].data")
+            return encoded.payloads, encoded.buckets
+        shape, data = tensor.get("shape"), tensor.get("data")
+        if not (isinstance(shape, list) and len(shape) == 2 and shape[1] == 2 and isinstance(shape[0], int)):
+            raise InvalidRequestError(f"input 'text' shape must be [n, 2] (query, document rows), got {shape!r}")
+        if isinstance(data, list) and data and all(isinstance(row, list) for row in data):
+            data = [x for row in data for x in row]
+        if (
+            not isinstance(data, list)
+            or len(data) != 2 * shape[0]
+            or not all(isinstance(x, str) and x.strip() for x in data)
+        ):
+            raise InvalidRequestError(f"input 'text' must hold {shape[0]} rows of two non-empty strings")
+        if shape[0] > self.max_items:
+            raise PayloadTooLargeError(f"inputs[0] has {shape[0]} pairs; the limit is {self.max_items}")
+        encoded = await self.encoder.encode_pairs_async(list(zip(data[0::2], data[1::2], strict=True)))
+        return encoded.payloads, encoded.buckets
+
+    def routes(self) -> list[RouteSpec]:
+        errors = (400, 404, 413, 415, 429, 503, 504)
+        if self.pairs:
+            return [
+                RouteSpec(
+                    path="/v1/rerank",
+                    method="POST",
+                    handler=rerank,
+                    summary="Rerank documents for a query (cross-encoder; Cohere/Jina/TEI-style answer)",
+                    operation_id="rerank",
+                    request_schema="RerankRequest",
+                    response_schema="RerankResponse",
+                    errors=errors,
+                )
+            ]
+        return [
+            RouteSpec(
+                path="/v1/classify",
+                method="POST",
+                handler=classify,
+                summary="Classify texts: labels with probabilities, best first",
+                operation_id="classifyText",
+                request_schema="TextClassifyRequest",
+                response_schema="TextClassification",
+                errors=errors,
+            )
+        ]
+
+    def schemas(self) -> dict[str, Any]:
+        return {k: v for k, v in SCHEMAS.items() if k.startswith("Rerank") == self.pairs}
+
+    def describe(self) -> str:
+        if self.pairs:
+            return "reranking with a cross-encoder: /v1/rerank and the Open Inference Protocol v2"
+        return "text classification: /v1/classify and the Open Inference Protocol v2"
+
+
+def _runtime(request: Request) -> TextClassificationRuntime:
+    runtime: TextClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
+    return runtime
+
+
+def _model_field(request: Request, body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise InvalidRequestError("model must be a string")
+        check_model(request, model, None)
+
+
+def _positive_int(value: object, name: str, default: int, most: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value:
+        raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+    return min(value, most)
+
+
+async def classify(request: Request) -> Response:
+    runtime, service = _runtime(request), service_of(request)
+    body = await read_json_object(request)
+    _model_field(request, body)
+    if "input" not in body:
+        raise InvalidRequestError("missing 'input'")
+    texts, _ = parse_text_input(body["input"], "input")
+    if texts is None:
+        raise InvalidRequestError("input must be a string or a list of strings")
+    k = _positive_int(body.get("top_k"), "top_k", min(5, runtime.output_dim), runtime.output_dim)
+    encoded = await runtime.encode(texts, "input")
+    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    data = []
+    for i, row in enumerate(rows):
+        best = np.argsort(-row, kind="stable")[:k]
+        data.append(
+            {
+                "index": i,
+                "predictions": [
+                    {"label": runtime.labels[j], "index": int(j), "probability": float(row[j])} for j in best
+                ],
+            }
+        )
+    return json_response(
+        {"object": "list", "model": service.model_name, "data": data, "usage": {"total_tokens": encoded.tokens}}
+    )
+
+
+async def rerank(request: Request) -> Response:
+    runtime, service = _runtime(request), service_of(request)
+    body = await read_json_object(request)
+    _model_field(request, body)
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidRequestError("query must be a non-empty string")
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise InvalidRequestError("documents must be a non-empty list of strings (or {'text': ...} objects)")
+    texts = []
+    for i, doc in enumerate(documents):
+        text = doc.get("text") if isinstance(doc, dict) else doc
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequestError(f"documents[{i}] must be a non-empty string or {{'text': string}}")
+        texts.append(text)
+    top_n = _positive_int(body.get("top_n"), "top_n", len(texts), len(texts))
+    return_documents = body.get("return_documents", False)
+    if not isinstance(return_documents, bool):
+        raise InvalidRequestError(f"return_documents must be true or false, got {return_documents!r}")
+    encoded = await runtime.encode(texts, "documents", pairs_with=query)
+    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    scores = rows[:, 0]
+    order = np.argsort(-scores, kind="stable")[:top_n]
+    results = []
+    for i in order:
+        item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+        if return_documents:
+            item["document"] = {"text": texts[i]}
+        results.append(item)
+    return json_response({"model": service.model_name, "results": results, "usage": {"total_tokens": encoded.tokens}})
+
+
+def _backend(session: Any, fields: dict[str, Any]) -> TextClassifierBackend:
+    tokenizer = fields["tokenizer"]
+    dim = int(fields["outputs"][0]["shape"][-1])
+    return TextClassifierBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
+
+
+def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
+    """Texts (or (query, document) pairs) to tokens with the bundle's tokenizer at its max length."""
+    tokenizer = fields["tokenizer"]
+    length = int(tokenizer["max_length"])
+    encoder = TextEncoder(files[tokenizer["file"]].decode(), max_tokens=length, truncate=True, buckets=(length,))
+
+    def prepare(inputs: Sequence[Any]) -> list[Any]:
+        if inputs and isinstance(inputs[0], tuple):
+            return list(encoder.encode_pairs([(str(a), str(b)) for a, b in inputs]).payloads)
+        return list(encoder.encode([str(t) for t in inputs]).payloads)
+
+    return prepare
+
+
+def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]) -> dict[str, float]:
+    """Classifiers: probability differences and top-1/top-5 agreement. Cross-encoders: score
+    differences and rank agreement within each query's documents."""
+    if reference.shape[1] > 1:
+        return probability_metrics(reference, candidate)
+    queries = [str(x[0]) if isinstance(x, tuple) else "" for x in inputs]
+    groups = np.unique(np.array(queries), return_inverse=True)[1]
+    diff = np.abs(candidate.astype(np.float64) - reference.astype(np.float64))
+    return {
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "rank_agreement": rank_agreement(reference[:, 0], candidate[:, 0], groups),
+    }
+
+
+_PREDICTION = {
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "index": {"type": "integer"}, "probability": {"type": "number"}},
+}
+SCHEMAS: dict[str, Any] = {
+    "TextClassifyRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "model": {"type": "string"},
+            "top_k": {"type": "integer"},
+        },
+    },
+    "TextClassification": {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "predictions": {"type": "array", "items": _PREDICTION},
+                    },
+                },
+            },
+            "usage": {"type": "object", "properties": {"total_tokens": {"type": "integer"}}},
+        },
+    },
+    "RerankRequest": {
+        "type": "object",
+        "required": ["query", "documents"],
+        "properties": {
+            "query": {"type": "string"},
+            "documents": {
+                "type": "array",
+                "items": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+                    ]
+                },
+            },
+            "top_n": {"type": "integer"},
+            "return_documents": {"type": "boolean", "default": False},
+            "model": {"type": "string"},
+        },
+    },
+    "RerankResponse": {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "relevance_score": {"type": "number"},
+                        "document": {"type": "object", "properties": {"text": {"type": "string"}}},
+                    },
+                },
+            },
+            "usage": {"type": "object", "properties": {"total_tokens": {"type": "integer"}}},
+        },
+    },
+}
+
+TASK = ServingTask(
+    name="text-classification",
+    open=TextClassificationRuntime,
+    probe_prepare=_probe_prepare,
+    backend=_backend,
+    probe_metrics=_metrics,
+)

@@ -1,0 +1,215 @@
+"""Serving text embeddings: OpenAI `POST /v1/embeddings`, and the Open Inference Protocol with one
+input `text` (BYTES, `[n]`) and one output `sentence_embedding` (FP32, `[n, dim]`).
+
+Texts are tokenized with the bundle's tokenizer.json (serving/text.py) and queued by padded-length
+bucket; the backend pads each batch to its longest text.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving.backend import TextEmbeddingBackend
+from serving.errors import InvalidRequestError, PayloadTooLargeError
+from serving.gates import embedding_metrics
+from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.tasks import LoadContext, Prepare, ServingTask
+from serving.text import Encoded, TextEncoder, default_buckets, parse_text_input, v2_texts
+
+
+class TextEmbeddingRuntime:
+    """A loaded text-embedding variant: its tokenizer (with the server's limits) and backend."""
+
+    output_name = "sentence_embedding"
+
+    def __init__(self, ctx: LoadContext) -> None:
+        manifest, config = ctx.manifest, ctx.config
+        tokenizer = manifest.tokenizer
+        if tokenizer is None:
+            raise ValueError("a text-embedding bundle needs tokenizer settings")
+        max_tokens = config.max_tokens or tokenizer.max_length
+        if max_tokens > tokenizer.max_length:
+            raise ValueError(f"--max-tokens {max_tokens} exceeds the model's {tokenizer.max_length}")
+        self.max_items = config.max_items
+        self.encoder = TextEncoder(
+            ctx.files[tokenizer.file].decode(),
+            max_tokens=max_tokens,
+            truncate=config.truncate,
+            buckets=config.buckets or default_buckets(max_tokens),
+        )
+        self.output_dim = int(manifest.outputs[0].shape[-1])
+        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.batching = f"buckets {self.encoder.buckets}"
+        self._probe = _probe_prepare(manifest.model_dump(), ctx.files)
+
+    def item_cost(self) -> tuple[None, float]:
+        return None, float("inf")
+
+    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
+        """Batch 1 at every bucket ceiling and a full batch at the smallest, biggest first."""
+
+        def ids(length: int) -> np.ndarray:
+            return np.full(length, 1000 % self.encoder.vocab_size, dtype=np.int64)
+
+        buckets = self.encoder.buckets
+        batches = [[ids(b)] for b in buckets] + [[ids(buckets[0])] * max_batch_size]
+        return sorted(batches, key=lambda batch: -len(batch) * len(batch[0]))
+
+    def probe_prepare(self) -> Prepare:
+        return self._probe
+
+    async def encode(self, texts: list[str] | None, ids: list[list[int]] | None, where: str) -> Encoded:
+        count = len(texts or ids or [])
+        if count > self.max_items:
+            raise PayloadTooLargeError(f"{where} has {count} items; the limit is {self.max_items}")
+        if texts is not None:
+            return await self.encoder.encode_async(texts)
+        return self.encoder.from_ids(ids or [])
+
+    def v2_inputs(self) -> list[dict[str, Any]]:
+        return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+
+    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        encoded = await self.encode(v2_texts(tensor), None, "inputs[0].data")
+        return encoded.payloads, encoded.buckets
+
+    def routes(self) -> list[RouteSpec]:
+        return [
+            RouteSpec(
+                path="/v1/embeddings",
+                method="POST",
+                handler=embeddings,
+                summary="Embed texts (OpenAI-compatible)",
+                operation_id="createEmbeddings",
+                request_schema="EmbeddingsRequest",
+                response_schema="EmbeddingsResponse",
+                errors=(400, 404, 413, 415, 429, 503, 504),
+            )
+        ]
+
+    def schemas(self) -> dict[str, Any]:
+        return SCHEMAS
+
+    def describe(self) -> str:
+        return "text embeddings: OpenAI /v1/embeddings and the Open Inference Protocol v2"
+
+
+async def embeddings(request: Request) -> Response:
+    service = service_of(request)
+    runtime: TextEmbeddingRuntime = service.runtime  # type: ignore[assignment]
+    body = await read_json_object(request)
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise InvalidRequestError("model must be a string")
+        check_model(request, model, None)
+    encoding = body.get("encoding_format", "float")
+    if encoding is None:
+        encoding = "float"
+    if not isinstance(encoding, str) or encoding not in ("float", "base64"):
+        raise InvalidRequestError(f"encoding_format must be 'float' or 'base64', got {encoding!r}")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (
+        not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions != runtime.output_dim
+    ):
+        raise InvalidRequestError(f"dimensions must be {runtime.output_dim} for this model (got {dimensions!r})")
+    if "input" not in body:
+        raise InvalidRequestError("missing 'input'")
+    texts, ids = parse_text_input(body["input"], "input")
+    encoded = await runtime.encode(texts, ids, "input")
+    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    if encoding == "base64":
+        data = [
+            {"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()}
+            for i, row in enumerate(rows)
+        ]
+    else:
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    usage = {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens}
+    return json_response({"object": "list", "data": data, "model": service.model_name, "usage": usage})
+
+
+def _backend(session: Any, fields: dict[str, Any]) -> TextEmbeddingBackend:
+    tokenizer = fields["tokenizer"]
+    dim = int(fields["outputs"][0]["shape"][-1])
+    return TextEmbeddingBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
+
+
+def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
+    """Probe texts to token ids with the bundle's tokenizer at its own max length, whatever
+    --max-tokens the server uses: the probe checks the variant, not the server's limits."""
+    tokenizer = fields["tokenizer"]
+    encoder = TextEncoder(
+        files[tokenizer["file"]].decode(),
+        max_tokens=int(tokenizer["max_length"]),
+        truncate=True,
+        buckets=(int(tokenizer["max_length"]),),
+    )
+
+    def prepare(texts: Sequence[Any]) -> list[Any]:
+        return list(encoder.encode([str(t) for t in texts]).payloads)
+
+    return prepare
+
+
+SCHEMAS: dict[str, Any] = {
+    "EmbeddingsRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "input": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}},
+                    {"type": "array", "items": {"type": "integer"}},
+                    {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+                ]
+            },
+            "model": {"type": "string"},
+            "encoding_format": {"enum": ["float", "base64"], "default": "float"},
+            "dimensions": {"type": "integer"},
+            "user": {"type": "string"},
+        },
+    },
+    "EmbeddingsResponse": {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer"},
+                        "embedding": {
+                            "oneOf": [
+                                {"type": "array", "items": {"type": "number"}},
+                                {"type": "string", "description": "base64 little-endian float32"},
+                            ]
+                        },
+                    },
+                },
+            },
+            "usage": {
+                "type": "object",
+                "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+            },
+        },
+    },
+}
+
+TASK = ServingTask(
+    name="text-embedding",
+    open=TextEmbeddingRuntime,
+    probe_prepare=_probe_prepare,
+    backend=_backend,
+    probe_metrics=lambda reference, candidate, _inputs: embedding_metrics(reference, candidate),
+)
