@@ -79,6 +79,7 @@ def export_spec(args: argparse.Namespace, source: str, default_name: str, local_
         crop_size=args.crop_size,
         mean=args.mean,
         std=args.std,
+        allow_degenerate_reference=args.allow_degenerate_reference,
     )
 
 
@@ -102,6 +103,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         variants=tuple(variant_grid(_csv(args.targets), _csv(args.precisions))),
         threshold_overrides=parse_threshold_overrides(args.threshold),
         version=args.version,
+        allow_off_target_validation=args.allow_off_target_validation,
     )
     result = build_bundle(
         spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
@@ -153,6 +155,8 @@ def _pipeline_arguments(args: argparse.Namespace, *, local_model: bool) -> tuple
         },
         "thresholds": overrides,
         "version": args.version,
+        "allow_degenerate_reference": spec.allow_degenerate_reference,
+        "allow_off_target_validation": args.allow_off_target_validation,
     }
     for target in targets:
         arguments[f"{target}_precisions"] = [v.precision for v in variants if v.target == target]
@@ -257,7 +261,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     variant_dir = _existing_dir(args.variant, "variant")
     export, built = ExportResult.load(export_dir), OptimizeResult.load(variant_dir)
     thresholds = thresholds_for(export.task, built.precision, parse_threshold_overrides(args.threshold))
-    report = validate_variant(variant_dir, export_dir, thresholds)
+    report = validate_variant(variant_dir, export_dir, thresholds, allow_off_target=args.allow_off_target_validation)
     for name, value in sorted(report.values.items()):
         print(f"{name:32s} {value:.6g}")
     report.raise_if_failed()
@@ -305,6 +309,40 @@ def cmd_bundle_verify(args: argparse.Namespace) -> int:
         f"{', '.join(v.id for v in manifest.variants)}, {len(manifest.files)} files, {size / 1e6:.1f} MB verified"
         f"{signed}"
     )
+    return 0
+
+
+def cmd_bundle_check(args: argparse.Namespace) -> int:
+    """The serving node's start-up check as a deploy job's pre-flight: verify the bundle, then
+    replay its probe set through the variant (`auto`: the one a server would pick, falling back
+    as it would) on this machine, and apply the variant's gate."""
+    from components.core.errors import ParityError
+    from serving.config import ServeConfig
+    from serving.hardware import this_machine
+    from serving.metrics import Metrics
+    from serving.service import NodeCheckError, load_service
+
+    bundle = _existing_dir(args.bundle, "bundle")
+    if args.trust_key:
+        from serving.signing import verify_signature
+
+        verify_signature(bundle, Path(args.trust_key))
+    config = ServeConfig(bundle=args.bundle, variant=args.variant, warmup=False, workers=1)
+    print(f"machine: {this_machine().summary()}")
+    try:
+        service = load_service(bundle, config, Metrics())
+    except NodeCheckError as exc:
+        raise ParityError(str(exc)) from None
+    for result in [*service.rejected, service.node_check]:
+        if result is None:
+            continue
+        numbers = ", ".join(f"{k} {v:.6g}" for k, v in sorted(result.values.items()))
+        print(f"{result.variant_id}: {'passed' if result.passed else 'MISSED'} ({result.samples} probes, {numbers})")
+        if not result.passed:
+            print(f"  {result.summary()}")
+    if service.node_check is None:
+        print(f"{service.variant.id}: not checked (the bundle has no probe set)")
+    print(f"a server here would serve {service.variant.id}")
     return 0
 
 
@@ -421,6 +459,12 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--crop-size", type=int, help="image models: centre crop size (default: the weights')")
     p.add_argument("--mean", type=_floats3, help="image models: normalisation mean, 3 comma-separated numbers")
     p.add_argument("--std", type=_floats3, help="image models: normalisation std, 3 comma-separated numbers")
+    p.add_argument(
+        "--allow-degenerate-reference",
+        action="store_true",
+        help="build even when the PyTorch outputs barely vary across inputs (random weights): every parity "
+        "check is then vacuous, and the report says so",
+    )
 
 
 def _add_variants(p: argparse.ArgumentParser) -> None:
@@ -432,6 +476,16 @@ def _add_variants(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
     _add_thresholds(p)
+    _add_off_target(p)
+
+
+def _add_off_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-off-target-validation",
+        action="store_true",
+        help="ship a variant validated on another execution provider than its target's (a cuda variant "
+        "checked on the CPU provider because this onnxruntime has no CUDA); the report marks it",
+    )
 
 
 def _add_thresholds(p: argparse.ArgumentParser) -> None:
@@ -509,6 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", required=True, help="directory written by `ortpack export`")
     p.add_argument("--variant", required=True, help="directory written by `ortpack optimize`")
     _add_thresholds(p)
+    _add_off_target(p)
 
     p = command("benchmark", cmd_benchmark, "measure one variant's latency against PyTorch")
     p.add_argument("--export", required=True, help="directory written by `ortpack export`")
@@ -549,6 +604,15 @@ def _add_bundle_commands(sub: Any) -> None:
 
     p = action("verify", cmd_bundle_verify, "check a bundle's schema version, every file's sha256, and its signature")
     p.add_argument("bundle", help="bundle directory")
+    trust_key(p, "fail")
+
+    p = action(
+        "check",
+        cmd_bundle_check,
+        "replay the bundle's probe set through a variant on this machine and apply its gate (exit 1 on a miss)",
+    )
+    p.add_argument("bundle", help="bundle directory")
+    p.add_argument("--variant", default="auto", help="variant id, or auto (what a server would pick; the default)")
     trust_key(p, "fail")
 
     p = action("sign", cmd_bundle_sign, "sign every file of a bundle (OpenSSF model signing) into BUNDLE/model.sig")

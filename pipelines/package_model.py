@@ -38,11 +38,17 @@ def _on_gpu(task: dsl.PipelineTask) -> None:
     kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
 
 
-def _variant_branch(target: str, precision: Any, exported: Any, thresholds: Any) -> Any:
+def _variant_branch(target: str, precision: Any, exported: Any, thresholds: Any, allow_off_target: Any) -> Any:
     """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
     optimized = optimize_variant(exported=exported, target=target, precision=precision, ort_version=ORT_VERSION)
     variant = optimized.outputs["variant"]
-    validated = validate_variant(exported=exported, variant=variant, thresholds=thresholds, ort_version=ORT_VERSION)
+    validated = validate_variant(
+        exported=exported,
+        variant=variant,
+        thresholds=thresholds,
+        ort_version=ORT_VERSION,
+        allow_off_target_validation=allow_off_target,
+    )
     measured = benchmark_variant(
         exported=exported, variant=variant, report=validated.outputs["report"], ort_version=ORT_VERSION
     )
@@ -76,6 +82,8 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
         cuda_precisions: list = DEFAULT_PRECISIONS["cuda"] if has_cuda else [],
         thresholds: dict = {},  # noqa: B006 - KFP reads defaults from the signature
         version: str = "1",
+        allow_degenerate_reference: bool = False,
+        allow_off_target_validation: bool = False,
     ) -> None:
         """Package a PyTorch model into a verified, hardware-optimized ONNX Runtime bundle.
 
@@ -91,6 +99,10 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
             version: Bundle version.
+            allow_degenerate_reference: Build even when the PyTorch outputs barely vary (random
+                weights; parity is then vacuous and the report says so).
+            allow_off_target_validation: Ship variants checked on another execution provider
+                than their target's (cuda variants where the image has no CUDA provider).
         """
         exported = export_model(
             model=model,
@@ -100,16 +112,21 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
             weights=weights,
             labels=labels,
             preprocessing=preprocessing,
+            allow_degenerate_reference=allow_degenerate_reference,
         )
         exported.set_display_name("export")
         measured = {}
         if has_cpu:
             with dsl.ParallelFor(cpu_precisions, name="cpu-variants", parallelism=parallelism) as precision:
-                cpu = _variant_branch("cpu", precision, exported.outputs["exported"], thresholds)
+                cpu = _variant_branch(
+                    "cpu", precision, exported.outputs["exported"], thresholds, allow_off_target_validation
+                )
             measured["cpu_variants"] = dsl.Collected(cpu)
         if has_cuda:
             with dsl.ParallelFor(cuda_precisions, name="cuda-variants", parallelism=parallelism) as precision:
-                cuda = _variant_branch("cuda", precision, exported.outputs["exported"], thresholds)
+                cuda = _variant_branch(
+                    "cuda", precision, exported.outputs["exported"], thresholds, allow_off_target_validation
+                )
             measured["cuda_variants"] = dsl.Collected(cuda)
         package_bundle(exported=exported.outputs["exported"], version=version, **measured).set_display_name("package")
 

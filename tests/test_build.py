@@ -21,15 +21,20 @@ def test_contract_components_write_serving_reads(tiny_bundle: Path, tiny_export:
     manifest = verify_bundle(tiny_bundle)
     assert manifest.task == "text-embedding"
     assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]
-    assert set(manifest.files) == {"tokenizer.json", "variants/cpu-fp32/model.onnx", "variants/cpu-int8/model.onnx"}
+    assert set(manifest.files) == {
+        "tokenizer.json",
+        "probe/probe.npz",
+        "variants/cpu-fp32/model.onnx",
+        "variants/cpu-int8/model.onnx",
+    }
     assert manifest.tokenizer is not None and manifest.tokenizer.max_length == 128
     assert [t.name for t in manifest.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
     assert manifest.outputs[0].shape == ["batch", 64]
     assert {"torch", "transformers", "onnx", "onnxruntime", "ortpack"} <= set(manifest.versions)
     for variant in manifest.variants:
-        assert variant.parity["passed"] is True
-        assert variant.parity["values"]["min_cosine"] > 0.9
-        assert variant.benchmark["speedup_vs_torch"]["b1_s16"] > 0
+        assert variant.parity.passed is True
+        assert variant.parity.values["min_cosine"] > 0.9
+        assert variant.benchmark.speedup_vs_torch["b1_s16"] > 0
         assert variant.optimize["nodes_after"] < variant.optimize["nodes_before"]
         assert variant.ort_version == ort.__version__ and variant.opset == 17
     # serving-side tokenization with the shipped tokenizer reproduces the PyTorch reference

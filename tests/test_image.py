@@ -134,8 +134,8 @@ def test_export_signature_and_non_degenerate_reference(image_export: Path) -> No
 
 def test_parity_gates(image_bundle: Path, image_export: Path) -> None:
     manifest = verify_bundle(image_bundle)
-    fp32 = manifest.variant("cpu-fp32").parity["values"]
-    int8 = manifest.variant("cpu-int8").parity["values"]
+    fp32 = manifest.variant("cpu-fp32").parity.values
+    int8 = manifest.variant("cpu-int8").parity.values
     # within 1 level downscaling, 2 upscaling (224x224 images: ORT's antialiased Resize differs)
     assert fp32["max_pixel_diff"] <= 2 and fp32["mean_pixel_diff"] < 0.05
     assert fp32["top1_agreement"] >= 0.95 and fp32["max_abs_diff"] < 0.02
@@ -162,7 +162,6 @@ def test_perturbed_image_graph_misses(image_export: Path, tmp_path: Path) -> Non
         image_export / "reference.npz",
         thresholds_for("image-classification", "fp32"),
         variant_id="bad",
-        preprocess_path=image_export / "preprocess.onnx",
     )
     assert not report.passed and report.values["max_pixel_diff"] <= 2  # the network, not the pixels, drifted
 
@@ -427,3 +426,10 @@ def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
     assert ExportResult.load(tmp_path / "export").preprocessing["interpolation"] == "bicubic"  # type: ignore[index]
     assert report.passed, report.misses
     assert ParityReport.load(tmp_path / "fp32").values["max_pixel_diff"] <= 2
+
+
+def test_int8_variant_has_7_bit_weights(image_bundle: Path) -> None:
+    """Static int8 uses 7-bit weights too: the same numbers on CPUs with and without VNNI."""
+    from tests.test_hardware import int8_weight_magnitude
+
+    assert int8_weight_magnitude(image_bundle / "variants" / "cpu-int8" / "model.onnx") <= 64

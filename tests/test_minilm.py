@@ -38,7 +38,7 @@ def test_minilm_build_matches_sentence_transformers(tmp_path: Path) -> None:
     st = SentenceTransformer(source, device="cpu").encode(texts, batch_size=32, convert_to_numpy=True)
     np.testing.assert_allclose(ref["outputs"], st, atol=2e-5)
 
-    fp32 = manifest.variant("cpu-fp32").parity["values"]
-    int8 = manifest.variant("cpu-int8").parity["values"]
+    fp32 = manifest.variant("cpu-fp32").parity.values
+    int8 = manifest.variant("cpu-int8").parity.values
     assert fp32["max_abs_diff"] < 1e-5 and fp32["neighbour_agreement"] > 0.99
     assert 0.9 < int8["min_cosine"] < 0.9999 and int8["neighbour_agreement"] > 0.85

@@ -11,8 +11,9 @@ from onnx import numpy_helper
 
 from components.core.artifacts import ExportResult, OptimizeResult, ParityReport
 from components.core.errors import ParityError
-from components.core.parity import check_parity, gate, neighbour_overlap
+from components.core.parity import check_parity
 from components.core.specs import ParityThresholds, thresholds_for
+from serving.gates import gate, neighbour_overlap
 
 
 def test_fp32_and_int8_pass_their_default_gates(tiny_variants: dict[str, Path]) -> None:
@@ -116,7 +117,7 @@ def test_neighbour_overlap() -> None:
 
 
 def test_gate_names_each_miss() -> None:
-    thresholds = ParityThresholds(max_abs_diff=1e-5, min_cosine=0.99, min_neighbour_agreement=0.9)
+    thresholds = ParityThresholds(max_abs_diff=1e-5, min_cosine=0.99, min_neighbour_agreement=0.9).as_dict()
     misses = gate({"max_abs_diff": 1e-3, "min_cosine": 0.999, "neighbour_agreement": 0.5}, thresholds)
     assert misses == ["max_abs_diff 0.001 (needs <= 1e-05)", "neighbour_agreement 0.5 (needs >= 0.9)"]
     assert gate({"max_abs_diff": float("nan")}, thresholds) == ["max_abs_diff nan (needs <= 1e-05)"]

@@ -370,4 +370,5 @@ def test_live_before_ready(tiny_bundle: Path) -> None:
             return live, ready, infer, after
 
     assert asyncio.run(probe()) == (200, 503, 503, 200)
-    assert len(service.warm_up_shapes(config.max_batch_size)) == len(service.encoder.buckets) + 1
+    runtime = service.runtime
+    assert len(runtime.warm_up_batches(config.max_batch_size)) == len(runtime.encoder.buckets) + 1  # type: ignore[attr-defined]

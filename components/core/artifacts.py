@@ -57,8 +57,11 @@ class ExportResult(_Record):
     tokenizer: dict[str, Any] | None = None
     pooling: dict[str, Any] | None = None
     preprocessing: dict[str, Any] | None = None
+    classification: dict[str, Any] | None = None
     labels: list[str] | None = None
     extra_files: list[str] = field(default_factory=list)
+    # True when the reference was degenerate and the user allowed it (the report shows a banner)
+    degenerate_reference: bool = False
 
     def manifest_fields(self) -> dict[str, Any]:
         """The manifest fields an export determines (everything but variants and files)."""
@@ -71,6 +74,7 @@ class ExportResult(_Record):
             "tokenizer": self.tokenizer,
             "pooling": self.pooling,
             "preprocessing": self.preprocessing,
+            "classification": self.classification,
             "labels": self.labels,
         }
 
@@ -104,9 +108,17 @@ class ParityReport(_Record):
     thresholds: dict[str, float]
     values: dict[str, float]
     misses: list[str]
-    validated_on: str
+    validated_on: str  # the execution provider that actually ran the check
     samples: int
     per_item: dict[str, list[float]] = field(default_factory=dict)
+    # the machine the check ran on (serving.hardware.HardwareInfo.as_dict())
+    hardware: dict[str, Any] = field(default_factory=dict)
+    # the probe set's check on this machine (serving.probe.ProbeResult.as_dict()): what every
+    # serving node repeats before it turns ready
+    probe: dict[str, Any] = field(default_factory=dict)
+    # validated on another execution provider than the target's (a cuda variant on the CPU
+    # provider) and shipped anyway because the user allowed it
+    off_target: bool = False
 
     @property
     def passed(self) -> bool:
@@ -116,6 +128,10 @@ class ParityReport(_Record):
         """Flat metric names for KFP (`parity.min_cosine`, ..., `parity.passed`)."""
         out = {f"parity.{k}": float(v) for k, v in self.values.items()}
         out["parity.passed"] = 1.0 if self.passed else 0.0
+        if self.probe:
+            out.update({f"parity.probe.{k}": float(v) for k, v in self.probe["values"].items()})
+            out["parity.probe.passed"] = 1.0 if self.probe["passed"] else 0.0
+        out["parity.off_target"] = 1.0 if self.off_target else 0.0
         return out
 
     def summary(self) -> str:
@@ -135,10 +151,13 @@ class BenchmarkResult(_Record):
     FILE = "benchmark.json"
 
     variant_id: str
-    execution_providers: list[str]
+    execution_providers: list[str]  # the providers the measured session actually ran on
     shapes: dict[str, dict[str, float]]
     speedup_vs_torch: dict[str, float]
     skipped: str | None = None
+    hardware: dict[str, Any] = field(default_factory=dict)  # where it was measured
+    threads: int = 0  # ONNX Runtime intra-op threads (0: one per core)
+    load_average: float | None = None  # 1-minute load average when the measurement started
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}

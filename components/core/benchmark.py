@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult
-from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
+from components.core.timing import measure_latency
+from serving.hardware import this_machine
 from serving.runtime import create_session, plan_for
 
 log = logging.getLogger("ortpack.benchmark")
@@ -17,20 +19,9 @@ log = logging.getLogger("ortpack.benchmark")
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
     """Per benchmark shape (the ones PyTorch was timed at in the export): batch size and inputs."""
-    if export.task == "image-classification":
-        from components.core.exporters.image_classification import BENCH_SHAPES
-        from components.core.validation_data import ImageSpec, render_image
+    from components.core.tasks import get_family
 
-        return {
-            key: (n, {"images": np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)])})
-            for key, (n, h, w) in BENCH_SHAPES.items()
-        }
-    assert export.tokenizer is not None
-    names = list(export.tokenizer["model_input_names"])
-    return {
-        key: (batch, synthetic_text_batch(batch, seq, names, vocab_size=int(export.model_info["vocab_size"])))
-        for key, (batch, seq) in text_bench_shapes(int(export.tokenizer["max_length"])).items()
-    }
+    return get_family(export.task).bench_feeds(export)
 
 
 def benchmark_variant(
@@ -43,6 +34,7 @@ def benchmark_variant(
     built = OptimizeResult.load(variant_dir)
     export = ExportResult.load(export_dir)
     plan = plan_for(built)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     session = create_session(variant_dir / built.model_file, plan)
     shapes: dict[str, dict[str, float]] = {}
     for key, (batch, feeds) in bench_feeds(export).items():
@@ -56,9 +48,12 @@ def benchmark_variant(
     }
     result = BenchmarkResult(
         variant_id=built.variant_id,
-        execution_providers=plan.providers,
+        execution_providers=list(session.get_providers()),
         shapes=shapes,
         speedup_vs_torch=speedup,
+        hardware=this_machine().as_dict(),
+        threads=0,
+        load_average=load,
     )
     result.save(Path(out_dir) if out_dir else variant_dir)
     log.info(

@@ -53,7 +53,10 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
             vdir = work / "variants" / variant.id
             built = optimize_model(export_dir, variant, vdir)
             parity = validate_variant(
-                vdir, export_dir, thresholds_for(spec.export.task, variant.precision, spec.threshold_overrides)
+                vdir,
+                export_dir,
+                thresholds_for(spec.export.task, variant.precision, spec.threshold_overrides),
+                allow_off_target=spec.allow_off_target_validation,
             )
             bench = benchmark_variant(vdir, export_dir) if parity.passed else None
             records.append(VariantRecord(model_dir=vdir, built=built, parity=parity, benchmark=bench))

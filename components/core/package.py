@@ -13,7 +13,7 @@ from serving.bundle import Manifest, write_bundle
 log = logging.getLogger("ortpack.package")
 
 
-def _variant_record(built: OptimizeResult, parity: ParityReport, bench: BenchmarkResult | None) -> dict[str, Any]:
+def variant_record(built: OptimizeResult, parity: ParityReport, bench: BenchmarkResult | None) -> dict[str, Any]:
     return {
         "id": built.variant_id,
         "target": built.target,
@@ -31,8 +31,19 @@ def _variant_record(built: OptimizeResult, parity: ParityReport, bench: Benchmar
             "samples": parity.samples,
             "thresholds": parity.thresholds,
             "values": parity.values,
+            "hardware": parity.hardware or None,
+            "probe": parity.probe or None,
+            "off_target": parity.off_target,
         },
-        "benchmark": {"shapes": bench.shapes, "speedup_vs_torch": bench.speedup_vs_torch} if bench else {},
+        "benchmark": {
+            "shapes": bench.shapes,
+            "speedup_vs_torch": bench.speedup_vs_torch,
+            "execution_providers": bench.execution_providers,
+            "hardware": bench.hardware or None,
+            "threads": bench.threads,
+        }
+        if bench
+        else {},
     }
 
 
@@ -59,7 +70,7 @@ def package_bundle(
         if not rec.passed:
             log.warning("package: dropping %s", rec.parity.summary())
             continue
-        entry = _variant_record(rec.built, rec.parity, rec.benchmark)
+        entry = variant_record(rec.built, rec.parity, rec.benchmark)
         variants.append(entry)
         files[entry["file"]] = rec.model_dir / rec.built.model_file
     if not variants:
@@ -71,6 +82,12 @@ def package_bundle(
     if report_html is not None:
         files["report.html"] = Path(report_html)
     manifest: dict[str, Any] = export.manifest_fields()
+    probe_file = next((f for f in export.extra_files if f.startswith("probe/")), None)
+    if probe_file is not None:
+        from serving.probe import Probe
+
+        samples = len(Probe.from_bytes((export_dir / probe_file).read_bytes()).inputs)
+        manifest["probe"] = {"file": probe_file, "samples": samples}
     manifest.update(
         version=version,
         variants=variants,

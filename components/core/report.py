@@ -12,32 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import ExportResult, VariantRecord
-from components.core.parity import GATES
+from components.core.tasks import ReportSpec, get_family
+from serving.gates import GATES, margins
 
 Row = tuple[str, ...]
 _COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
 
 
-# The parity columns of the summary, per task: (header, metric, format).
-_PARITY_COLUMNS = {
-    "text-embedding": (
-        ("max|diff|", "max_abs_diff", ".2g"),
-        ("min cos", "min_cosine", ".5f"),
-        ("neighbours", "neighbour_agreement", ".3f"),
-    ),
-    "image-classification": (
-        ("max|diff|", "max_abs_diff", ".2g"),
-        ("top-1", "top1_agreement", ".3f"),
-        ("top-5", "top5_agreement", ".3f"),
-        ("pixels", "max_pixel_diff", ".3g"),
-    ),
-}
-
-
 def summary_rows(export: ExportResult, records: Sequence[VariantRecord]) -> list[Row]:
     """Header plus one row per engine: PyTorch first, then each variant."""
     shapes = list(export.torch_latency)
-    columns = _PARITY_COLUMNS[export.task]
+    columns = get_family(export.task).report.columns
     header: Row = (
         "variant",
         "gate",
@@ -83,11 +68,121 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def banners(export: ExportResult, records: Sequence[VariantRecord]) -> list[str]:
+    """Warnings that change what the numbers mean: a degenerate reference, off-target checks."""
+    out = []
+    if export.degenerate_reference:
+        spread = export.metrics.get("reference_spread", 0.0)
+        out.append(
+            f"WARNING: the PyTorch reference is degenerate (output spread {spread:.3g}): every parity check "
+            "passes vacuously; built with --allow-degenerate-reference."
+        )
+    for rec in records:
+        if rec.parity.off_target:
+            out.append(
+                f"WARNING: {rec.variant_id} was validated on {rec.parity.validated_on}, not on its target's "
+                f"{rec.built.execution_providers[0]} (--allow-off-target-validation): it is not proven on its hardware."
+            )
+    return out
+
+
+def verdict(records: Sequence[VariantRecord]) -> list[str]:
+    """Which variant `--variant auto` will serve, on which hardware, and why (the server's own
+    ranking, serving.service.rank_variants, applied to this build's variants)."""
+    from components.core.package import variant_record
+    from serving.bundle import Variant
+    from serving.hardware import HardwareInfo
+    from serving.service import rank_variants
+
+    passed = [r for r in records if r.passed]
+    if not passed:
+        return ["No variant passed its gate: nothing ships."]
+    variants = [Variant.model_validate(variant_record(r.built, r.parity, r.benchmark)) for r in passed]
+    lines = []
+    built_on = next((r.parity.hardware for r in passed if r.parity.hardware), None)
+    cases: list[tuple[str, list[str], HardwareInfo | None]] = []
+    if built_on:
+        here = HardwareInfo(
+            **{k: v for k, v in built_on.items() if k != "int8_kernel"} | {"features": tuple(built_on["features"])}
+        )
+        cases.append((f"On a CPU like this build's ({here.summary()})", ["CPUExecutionProvider"], here))
+        baseline = HardwareInfo(machine=here.machine, cpu_model="", features=("avx2", "fma", "f16c"), cores=here.cores)
+        if not baseline.has_features(here.features):
+            cases.append(
+                (
+                    "On a CPU with fewer ISA features (e.g. AVX2 only): this build's benchmark is not evidence there;",
+                    ["CPUExecutionProvider"],
+                    baseline,
+                )
+            )
+    if any(v.target == "cuda" for v in variants):
+        cases.insert(
+            0, ("On a GPU node (CUDA provider available)", ["CUDAExecutionProvider", "CPUExecutionProvider"], None)
+        )
+    for where, providers, hardware in cases:
+        order = rank_variants(
+            variants, providers, hardware or HardwareInfo(machine="", cpu_model="", features=(), cores=1)
+        )
+        if not order:
+            continue
+        first, rest = order[0], order[1:]
+        shapes = first.benchmark.shapes
+        speed = next(iter(shapes), None)
+        measured = all(
+            v.benchmark.hardware and hardware and hardware.has_features(v.benchmark.hardware.features) for v in order
+        )
+        if measured and speed:
+            timings = ", ".join(
+                f"{v.id} {v.benchmark.shapes[speed]['p50_ms']:.2f} ms" for v in order if speed in v.benchmark.shapes
+            )
+            why = f"the fastest by the benchmark ({timings} at {speed})"
+        else:
+            why = "the preference order (int8, then fp32; fp16 first on GPUs)"
+        fallback = f"; if it misses its probe check on the node, {' then '.join(v.id for v in rest)}" if rest else ""
+        lines.append(f"{where} --variant auto serves {first.id}: {why}{fallback}.")
+    return lines
+
+
+def hardware_rows(records: Sequence[VariantRecord]) -> list[Row]:
+    """Per variant: where the gate, the probe and the benchmark ran."""
+    rows: list[Row] = [("variant", "checked on", "CPU", "int8 kernels", "cores", "probe", "benchmark providers")]
+    for rec in records:
+        hw = rec.parity.hardware or {}
+        probe = rec.parity.probe
+        probe_cell = "-" if not probe else ("pass" if probe["passed"] else "MISS") + f" ({probe['samples']})"
+        rows.append(
+            (
+                rec.variant_id,
+                rec.parity.validated_on,
+                str(hw.get("cpu_model", "-")),
+                str(hw.get("int8_kernel", "-")),
+                str(hw.get("cores", "-")),
+                probe_cell,
+                ", ".join(rec.benchmark.execution_providers) if rec.benchmark else "-",
+            )
+        )
+    return rows
+
+
+def measured_under(records: Sequence[VariantRecord]) -> str:
+    """The CPU and load the latencies were measured under (a shared machine drifts)."""
+    bench = next((r.benchmark for r in records if r.benchmark and r.benchmark.hardware), None)
+    if bench is None:
+        return "No variant was benchmarked."
+    hw = bench.hardware
+    load = f", load average {bench.load_average:.2f} over the last minute" if bench.load_average is not None else ""
+    threads = "one ONNX Runtime thread per core" if not bench.threads else f"{bench.threads} ONNX Runtime threads"
+    return (
+        f"Latency measured on {hw['cpu_model']} ({hw['int8_kernel']} int8 kernels, {hw['cores']} cores, "
+        f"{threads}{load}); compare ratios within one build, not across machines."
+    )
+
+
 def format_summary(export: ExportResult, records: Sequence[VariantRecord]) -> str:
-    """The table the CLI prints after a build, with every miss spelled out below it."""
+    """The table the CLI prints after a build, every miss spelled out below it, then the verdict."""
     text = format_table(summary_rows(export, records))
     misses = [f"missed: {r.parity.summary()}" for r in records if not r.passed]
-    return "\n".join([text, *misses])
+    return "\n".join([text, *misses, *verdict(records), measured_under(records), *banners(export, records)])
 
 
 def markdown_summary(export: ExportResult, records: Sequence[VariantRecord]) -> str:
@@ -144,49 +239,68 @@ def plot_latency(export: ExportResult, records: Sequence[VariantRecord]) -> str:
     return _figure_png(fig)
 
 
-def plot_cosine(records: Sequence[VariantRecord]) -> str:
-    """Per item, the distance to PyTorch on a log axis: 1 - cosine per sentence (fp32 near 1e-7,
-    int8 near 1e-2), or the largest probability difference per image."""
+def plot_distance(spec: ReportSpec, records: Sequence[VariantRecord]) -> str:
+    """Per item, the distance to PyTorch on a log axis (1 - cosine per sentence: fp32 near 1e-7,
+    int8 near 1e-2; the largest probability difference per image), with the variant's own gate.
+    Distances of exactly 0 cannot sit on a log axis: they are drawn at the left edge as open
+    circles and counted, not clipped into the data."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * max(1, len(records))))
-    images = any("prob_diff" in r.parity.per_item for r in records)
+    key, label, gate_of = spec.distance
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.55 * max(1, len(records))))
+    positive = [d for r in records for d in r.parity.per_item.get(key, []) if d > 0]
+    floor = min(positive) / 3 if positive else 1e-9
+    exact_zero_drawn = gate_drawn = False
     for y, rec in enumerate(records):
-        if images:
-            gap = np.asarray(rec.parity.per_item.get("prob_diff", []), dtype=float)
-            limit = rec.parity.thresholds.get("max_abs_diff")
-        else:
-            gap = 1.0 - np.asarray(rec.parity.per_item.get("cosine", []), dtype=float)
-            limit = rec.parity.thresholds.get("min_cosine")
-            limit = None if limit is None else 1 - limit
+        gap = np.asarray(rec.parity.per_item.get(key, []), dtype=float)
         if gap.size == 0:
             continue
-        gap = np.clip(gap, 1e-9, None)
         jitter = np.random.default_rng(y).uniform(-0.18, 0.18, gap.size)
-        ax.scatter(gap, y + jitter, s=6 if images else 4, alpha=0.45, color=_colour(rec.variant_id))
-        ax.plot([np.median(gap)] * 2, [y - 0.3, y + 0.3], color="black", lw=1.5)
+        nonzero = gap > 0
+        ax.scatter(gap[nonzero], y + jitter[nonzero], s=5, alpha=0.45, color=_colour(rec.variant_id))
+        zeros = int((~nonzero).sum())
+        if zeros:
+            ax.scatter(
+                [floor] * zeros,
+                y + jitter[~nonzero],
+                s=14,
+                facecolors="none",
+                edgecolors="black",
+                label=None if exact_zero_drawn else "exactly 0 (drawn at the left edge)",
+            )
+            ax.text(floor, y - 0.32, f"{zeros} exactly 0", fontsize=7)
+            exact_zero_drawn = True
+        ax.plot([max(float(np.median(gap)), floor)] * 2, [y - 0.3, y + 0.3], color="black", lw=1.5)
+        limit = gate_of(rec.parity.thresholds)
         if limit is not None:
-            ax.plot([max(limit, 1e-9)] * 2, [y - 0.4, y + 0.4], color="red", lw=1, ls="--")
+            ax.plot(
+                [max(limit, floor)] * 2,
+                [y - 0.4, y + 0.4],
+                color="red",
+                lw=1,
+                ls="--",
+                label=None if gate_drawn else "the variant's gate",
+            )
+            gate_drawn = True
     ax.set_xscale("log")
     ax.set_yticks(range(len(records)), [r.variant_id for r in records])
     ax.invert_yaxis()
-    what = (
-        "largest probability difference to PyTorch, per image"
-        if images
-        else "1 - cosine similarity to PyTorch, per sentence"
-    )
-    ax.set_xlabel(f"{what} (black: median, red dashed: gate)")
+    ax.set_xlabel(f"{label} (black: median)")
+    if exact_zero_drawn or gate_drawn:
+        ax.legend(loc="lower right", fontsize=8)
     return _figure_png(fig)
 
 
-def plot_neighbours(records: Sequence[VariantRecord]) -> str:
+def plot_agreement(spec: ReportSpec, records: Sequence[VariantRecord]) -> str:
+    """Per variant, the share of items by how many of PyTorch's k neighbours (or top-k classes)
+    the variant keeps; darker is more; the mean (the gated number) at the right."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Patch
 
-    images = any("top5_overlap" in r.parity.per_item for r in records)
-    key, k = ("top5_overlap", 5) if images else ("neighbour_overlap", 10)
-    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * max(1, len(records))))
+    key, k, label = spec.agreement
+    fig, ax = plt.subplots(figsize=(8, 1.1 + 0.55 * max(1, len(records))))
     for y, rec in enumerate(records):
         overlap = np.asarray(rec.parity.per_item.get(key, []), dtype=float)
         if overlap.size == 0:
@@ -202,10 +316,17 @@ def plot_neighbours(records: Sequence[VariantRecord]) -> str:
     ax.set_xlim(0, 1.15)
     ax.set_yticks(range(len(records)), [r.variant_id for r in records])
     ax.invert_yaxis()
-    ax.set_xlabel(
-        "share of images by how many of PyTorch's top-5 classes the variant keeps"
-        if images
-        else "share of sentences by how many of their 10 nearest neighbours (PyTorch) the variant keeps"
+    ax.set_xlabel(label)
+    ax.legend(
+        handles=[
+            Patch(color="#555555", alpha=1.0, label=f"{k}/{k} kept (darkest)"),
+            Patch(color="#555555", alpha=0.25, label=f"0/{k} kept (lightest)"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
     )
     return _figure_png(fig)
 
@@ -251,6 +372,7 @@ def _table(rows: Sequence[Sequence[Any]]) -> str:
 
 
 def render_html(export: ExportResult, records: Sequence[VariantRecord], versions: dict[str, str]) -> str:
+    spec = get_family(export.task).report
     passed = sum(r.passed for r in records)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -261,7 +383,11 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
         f"{int(export.metrics.get('validation_samples', 0))} validation samples.</p>",
         "<h2>Summary</h2>",
         _table(summary_rows(export, records)),
+        "<h2>Verdict</h2>",
+        "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in verdict(records)) + "</ul>",
+        f"<p>{html.escape(measured_under(records))}</p>",
     ]
+    parts = parts[:4] + [f"<p class='miss'>{html.escape(b)}</p>" for b in banners(export, records)] + parts[4:]
     misses = [r.parity.summary() for r in records if not r.passed]
     if misses:
         parts.append(
@@ -271,19 +397,28 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
         "<h2>Latency against PyTorch</h2>",
         f"<img alt='latency per variant' src='data:image/png;base64,{plot_latency(export, records)}'>",
         "<h2>Agreement with PyTorch, per item</h2>",
-        f"<img alt='cosine distribution' src='data:image/png;base64,{plot_cosine(records)}'>",
-        "<h2>Neighbour agreement (text) / top-5 agreement (images)</h2>",
-        f"<img alt='neighbour agreement' src='data:image/png;base64,{plot_neighbours(records)}'>",
+        f"<img alt='distance to PyTorch per item' src='data:image/png;base64,{plot_distance(spec, records)}'>",
+        f"<h2>Agreement of the {spec.agreement[1]} nearest ({spec.unit})</h2>",
+        f"<img alt='agreement' src='data:image/png;base64,{plot_agreement(spec, records)}'>",
         "<h2>Model size</h2>",
         f"<img alt='model size' src='data:image/png;base64,{plot_sizes(export, records)}'>",
         "<h2>Parity numbers and gates</h2>",
     ]
-    gate_rows: list[list[Any]] = [["variant", "metric", "value", "gate"]]
+    gate_rows: list[list[Any]] = [["variant", "metric", "value", "gate", "margin"]]
     for rec in records:
+        margin = margins(rec.parity.values, rec.parity.thresholds)
         for name, value in sorted(rec.parity.values.items()):
             op, field = GATES.get(name, ("", ""))
             limit = rec.parity.thresholds.get(field)
-            gate_rows.append([rec.variant_id, name, f"{value:.6g}", f"{op} {limit:g}" if limit is not None else ""])
+            gate_rows.append(
+                [
+                    rec.variant_id,
+                    name,
+                    f"{value:.6g}",
+                    f"{op} {limit:g}" if limit is not None else "",
+                    f"{margin[name]:+.3g}" if name in margin else "",
+                ]
+            )
     parts.append(_table(gate_rows))
     facts: list[list[Any]] = [
         [
@@ -315,6 +450,11 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
     parts += [
         "<h2>What each variant was built for</h2>",
         _table(facts),
+        "<h2>Where it was proven</h2>",
+        "<p>Each check ran on the machine below. A serving node replays the probe set through the variant "
+        "it is about to serve and applies the same gate before it turns ready; int8 numbers depend on the "
+        "CPU's int8 kernels.</p>",
+        _table(hardware_rows(records)),
         "<h2>Versions</h2>",
         _table([["package", "version"], *sorted(versions.items())]),
     ]

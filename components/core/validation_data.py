@@ -61,3 +61,14 @@ def render_image(spec: ImageSpec) -> np.ndarray:
         image[..., c] = 128 + 60 * np.sin(xx / fx + phase) * np.cos(yy / fy) + 80 * (blob - 0.5)
     image += rng.normal(0, 4, image.shape).astype(np.float32)  # sensor noise
     return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    """Lossless PNG bytes of a uint8 [height, width, 3] image (Pillow)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, format="PNG", compress_level=6)
+    return buffer.getvalue()
