@@ -343,8 +343,10 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
-def read_manifest(bundle_dir: Path) -> Manifest:
-    """Parse `manifest.json` without checking files (see `verify_bundle`)."""
+def read_manifest(bundle_dir: Path, trusted_sha256: str | None = None) -> Manifest:
+    """Parse `manifest.json` without checking files (see `verify_bundle`). With `trusted_sha256`
+    (what a verified signature vouches for), the bytes parsed must be those bytes: a manifest
+    swapped after the signature check is refused."""
     path = Path(bundle_dir) / MANIFEST_NAME
     if not Path(bundle_dir).is_dir():
         raise BundleError(f"bundle directory not found: {bundle_dir}")
@@ -353,7 +355,10 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     try:
         import json
 
-        raw = json.loads(path.read_text())
+        data = path.read_bytes()
+        if trusted_sha256 is not None and hashlib.sha256(data).hexdigest() != trusted_sha256:
+            raise BundleError(f"{MANIFEST_NAME} changed after its signature was verified")
+        raw = json.loads(data)
     except (OSError, ValueError) as exc:
         raise BundleError(f"unreadable {MANIFEST_NAME} in {bundle_dir}: {exc}") from None
     if not isinstance(raw, dict):

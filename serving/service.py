@@ -18,7 +18,15 @@ import numpy as np
 
 from serving.backend import load_session
 from serving.batcher import Batcher
-from serving.bundle import BundleError, Manifest, Variant, read_manifest, read_verified, verify_bundle
+from serving.bundle import (
+    MANIFEST_NAME,
+    BundleError,
+    Manifest,
+    Variant,
+    read_manifest,
+    read_verified,
+    verify_bundle,
+)
 from serving.config import ServeConfig
 from serving.errors import NotReadyError
 from serving.hardware import HardwareInfo, this_machine
@@ -191,7 +199,9 @@ class NodeCheckError(BundleError):
     """No variant the server may load passes its gate on this node."""
 
 
-def load_service(bundle_dir: Path, config: ServeConfig, metrics: Metrics) -> ModelService:
+def load_service(
+    bundle_dir: Path, config: ServeConfig, metrics: Metrics, *, signed: dict[str, str] | None = None
+) -> ModelService:
     """Verify the bundle, pick the variant, open its session, and re-check its numbers on this
     node with the bundle's probe set: everything before warm-up.
 
@@ -199,10 +209,15 @@ def load_service(bundle_dir: Path, config: ServeConfig, metrics: Metrics) -> Mod
     from those bytes (a file swapped on disk after the check is never what runs); the rest (other
     variants, the report) is hashed on another thread meanwhile. With `--variant auto` a variant
     that misses its gate here is skipped for the next candidate (fp32 last), with one warning line;
-    an explicitly requested one that misses refuses the start."""
+    an explicitly requested one that misses refuses the start.
+
+    `signed` (path -> sha256, from a verified signature) pins manifest.json to the bytes the
+    signature covers; every other file is then pinned through the manifest's own sha256."""
     import onnxruntime as ort
 
-    manifest = read_manifest(bundle_dir)
+    if signed is not None and MANIFEST_NAME not in signed:
+        raise BundleError(f"the signature does not cover {MANIFEST_NAME}")
+    manifest = read_manifest(bundle_dir, signed[MANIFEST_NAME] if signed is not None else None)
     hardware = this_machine()
     candidates = candidate_variants(manifest, config.variant, ort.get_available_providers(), hardware)
     shared = [manifest.tokenizer.file] if manifest.tokenizer else []

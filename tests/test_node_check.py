@@ -184,3 +184,56 @@ def test_no_variant_for_these_providers() -> None:
     manifest = _manifest({"cpu-fp32": (2.0, ["avx2"])})
     with pytest.raises(BundleError, match="no variant of demo runs on this machine"):
         candidate_variants(manifest, "auto", ["CUDAExecutionProvider"], _cpu("avx2"))
+
+
+def test_a_file_swapped_during_start_up_is_never_served(tiny_bundle: Path, tmp_path: Path) -> None:
+    """While a thread keeps swapping the int8 model on disk between the packaged file and a
+    tampered one (checksums not rewritten), every start either refuses (it read the tampered
+    bytes: checksum mismatch) or serves exactly the packaged model: the session is created from
+    the bytes that were hashed, never re-read from the path."""
+    import os
+    import threading
+    import time
+
+    from serving.bundle import BundleError
+    from serving.config import ServeConfig
+    from serving.metrics import Metrics
+    from serving.service import load_service
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, bundle)
+    rel = "variants/cpu-int8/model.onnx"
+    good = (bundle / rel).read_bytes()
+    tamper_variant(bundle, "cpu-int8")
+    bad = (bundle / rel).read_bytes()
+    shutil.copyfile(tiny_bundle / "manifest.json", bundle / "manifest.json")  # the packaged checksums
+    stop = threading.Event()
+
+    def swap() -> None:  # the tampered file is on disk ~10% of the time, the packaged one ~90%
+        staged = bundle / "variants/cpu-int8/.swap"
+        while not stop.is_set():
+            for data, seconds in ((bad, 0.001), (good, 0.009)):
+                staged.write_bytes(data)
+                os.replace(staged, bundle / rel)
+                time.sleep(seconds)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    served, refused = 0, 0
+    try:
+        for _ in range(8):
+            try:
+                service = load_service(
+                    bundle, ServeConfig(bundle=str(bundle), variant="cpu-int8", warmup=False), Metrics()
+                )
+            except BundleError as exc:
+                assert "checksum mismatch" in str(exc) or "size mismatch" in str(exc)
+                refused += 1
+                continue
+            # a tampered model would miss its gate here (NodeCheckError), failing the assertion above
+            assert service.node_check is not None and service.node_check.passed
+            served += 1
+    finally:
+        stop.set()
+        swapper.join(10)
+    assert served + refused == 8 and served >= 1

@@ -110,3 +110,20 @@ def test_non_degenerate_references_pass(tiny_export: Path) -> None:
 
     export = ExportResult.load(tiny_export)
     assert not export.degenerate_reference and export.metrics["reference_spread"] >= MIN_SPREAD
+
+
+@pytest.mark.gpu
+def test_cuda_variant_is_validated_on_its_target_where_cuda_exists(
+    cuda_fp16: Path, tiny_export: Path, tmp_path: Path
+) -> None:
+    """On a GPU machine (onnxruntime-gpu with the CUDA provider) the same check runs on the target:
+    no off-target flag needed. Never runs on this project's CI (no GPU)."""
+    import onnxruntime
+
+    from components.core.parity import validate_variant
+    from components.core.specs import thresholds_for
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        pytest.skip("needs onnxruntime-gpu with the CUDA provider (no GPU here)")
+    report = validate_variant(cuda_fp16, tiny_export, thresholds_for("text-embedding", "fp16"), out_dir=tmp_path)
+    assert report.passed and not report.off_target and report.validated_on == "CUDAExecutionProvider"

@@ -27,7 +27,7 @@ def test_fp32_and_int8_pass_their_default_gates(tiny_variants: dict[str, Path]) 
     assert int8.values["min_cosine"] < fp32.values["min_cosine"]
     assert fp32.samples >= 500
     assert {"b1.min_cosine", "b32.min_cosine", "neighbour_agreement"} <= set(int8.values)
-    assert len(int8.per_item["cosine"]) == int8.samples
+    assert len(int8.per_item["cosine_distance"]) == int8.samples
 
 
 def test_optimized_graph_is_fused(tiny_variants: dict[str, Path]) -> None:
