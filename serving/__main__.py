@@ -1,17 +1,27 @@
 """`ortpack-serve` / `python -m serving`: fetch, verify and serve a bundle.
 
-Start-up problems (bad option, unreachable or tampered bundle, a signature missing or not
-verifying with --trust-key, no variant for this hardware) print one line and exit 2; the HTTP
-port opens before warm-up, so liveness answers at once and readiness turns 200 when every bucket
-shape has run. SIGTERM (or Ctrl-C) stops intake, answers every request already accepted, then
-exits.
+Start-up problems (bad option, the port in use, unreachable or tampered bundle, a signature
+missing or not verifying with --trust-key, no variant for this hardware) print one line and exit
+2, before the model is loaded when they can be known before (the port is bound first). The HTTP
+port opens before warm-up, so liveness answers at once; readiness turns 200 when every bucket
+shape has run, and one line says what is served:
+
+    ready: all-MiniLM-L6-v2 variant cpu-int8 (ORT 1.32.0, avx512_vnni) on http://127.0.0.1:8080 in 0.9 s
+
+SIGTERM (or Ctrl-C): readiness turns 503 at once while the server keeps serving for
+--shutdown-grace-s (endpoints and load balancers forget the pod meanwhile; answers carry
+`Connection: close`), then it stops accepting, answers every request already accepted, and
+exits 0. A second signal skips what is left of the grace period.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,24 +29,73 @@ from typing import Any
 log = logging.getLogger("ortpack.serve")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and an access line's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import orjson
+
+        out: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # uvicorn's own lines (started, waiting, finished...) only when debugging: ours say what matters
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).setLevel("DEBUG" if level == "debug" else "WARNING")
+
+
+def bind_socket(host: str, port: int, what: str) -> socket.socket:
+    """Bind (not yet listen on) host:port, as uvicorn would: a port in use stops the start here,
+    before the model is loaded."""
+    from serving.config import ConfigError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({what}): {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
     from serving.bundle import BundleError
     from serving.config import ConfigError, parse_config
 
     try:
         config = parse_config(argv)
+        sockets = [bind_socket(config.host, config.port, "--port")]
+        if config.metrics_port:
+            sockets.append(bind_socket(config.host, config.metrics_port, "--metrics-port"))
     except ConfigError as exc:
         print(f"ortpack-serve: error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     try:
-        app, service = build(config)
+        service = build(config)
     except (BundleError, ConfigError, OSError) as exc:
         print(f"ortpack-serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -46,26 +105,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-    return serve(app, service, config)
+    return serve(service, config, sockets, started)
 
 
-def build(config: Any) -> tuple[Any, Any]:
+def build(config: Any) -> Any:
+    """Fetch, verify and load the bundle, and begin warming up. A failed start removes what it
+    extracted into the cache; a successful one marks it verified for the next start to reuse."""
     from serving.metrics import Metrics
     from serving.service import load_service
-    from serving.sources import fetch_bundle
+    from serving.sources import fetch
 
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
-    bundle_dir = fetch_bundle(config.bundle, cache)
-    signature = check_signature(bundle_dir, getattr(config, "trust_key", ""))  # before anything is loaded
-    service = load_service(bundle_dir, config, Metrics())
+    fetched = fetch(config.bundle, cache)
+    try:
+        signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded
+        service = load_service(fetched.path, config, Metrics())
+    except BaseException:
+        fetched.discard()
+        raise
+    fetched.keep()
+    if fetched.reused:
+        log.info("bundle: reusing the verified extraction %s", fetched.extraction)
     if signature is None:
-        warn_unverified(bundle_dir)  # after the load, so a refused start stays one line
+        warn_unverified(fetched.path)  # after the load, so a refused start stays one line
     service.begin_warm_up(config)  # on another thread, while the HTTP stack is imported below
-
-    from serving.app import create_app
-
-    return create_app(service, config), service
+    return service
 
 
 def check_signature(bundle_dir: Path, trust_key: str) -> Any:
@@ -90,35 +155,91 @@ def warn_unverified(bundle_dir: Path) -> None:
         log.warning("bundle is unsigned: serving it without a signature check (--trust-key refuses unsigned bundles)")
 
 
-def serve(app: Any, service: Any, config: Any) -> int:
+def ready_line(service: Any, config: Any, seconds: float) -> str:
+    import onnxruntime
+
+    from serving.hardware import this_machine
+
+    where = f"http://{f'[{config.host}]' if ':' in config.host else config.host}:{config.port}"
+    metrics = f" (metrics on port {config.metrics_port})" if config.metrics_port else ""
+    return (
+        f"ready: {service.model_name} variant {service.variant.id} "
+        f"(ORT {onnxruntime.__version__}, {this_machine().int8_kernel}) on {where}{metrics} in {seconds:.1f} s"
+    )
+
+
+def serve(service: Any, config: Any, sockets: list[socket.socket], started: float) -> int:
     import uvicorn
 
+    from serving.app import serving_app
+    from serving.protocol import ConnectionLimits, protocol_class
+
+    metrics = service.metrics
+    limits = ConnectionLimits(
+        max_connections=config.max_connections,
+        max_header_bytes=config.max_header_bytes,
+        max_headers=config.max_headers,
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+        keep_alive_s=config.timeout_keep_alive_s,
+        on_reject=lambda reason: metrics.rejections.labels(reason=reason).inc(),
+    )
+
+    def on_ready() -> None:
+        log.info("%s", ready_line(service, config, time.perf_counter() - started))
+
+    def begin_draining() -> None:
+        service.draining = True  # readiness 503; inference still served until uvicorn stops
+        limits.draining = True  # answers carry Connection: close
+        metrics.ready.set(0)
+
     class Server(uvicorn.Server):
+        drain_at: float | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # Readiness turns 503 at once, so load balancers stop sending; uvicorn then stops
-            # accepting, waits for the requests in flight (the batcher answers each), and exits.
-            service.ready = False
-            service.draining = True
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            if self.drain_at is None and config.shutdown_grace_s > 0 and not self.should_exit:
+                begin_draining()
+                self.drain_at = time.monotonic() + config.shutdown_grace_s
+                log.info("%s: readiness 503; still serving for %g s, then draining", name, config.shutdown_grace_s)
+                return
+            begin_draining()
+            if not self.should_exit:
+                log.info("%s: stopped accepting; answering the requests in flight", name)
             super().handle_exit(sig, frame)
             # uvicorn re-raises the signal after its graceful shutdown (so the process dies of it);
-            # a drained server has done its job and exits 0. tests/test_server.py checks the code.
+            # a drained server has done its job and exits 0. tests check the code.
             self._captured_signals.clear()
 
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain_at is not None and not self.should_exit and time.monotonic() >= self.drain_at:
+                self.should_exit = True
+                log.info(
+                    "grace period over: stopped accepting; answering %d requests in flight",
+                    len(self.server_state.tasks),
+                )
+            return await super().on_tick(counter)
+
     uv_config = uvicorn.Config(
-        app,
-        host=config.host,
-        port=config.port,
+        serving_app(service, config, on_ready),
         loop="auto",  # uvloop when installed (measured ~10% more throughput than asyncio's loop)
-        http="httptools",
+        http=protocol_class(limits),
+        ws="none",
         lifespan="on",
         access_log=False,
-        log_level=config.log_level,
-        timeout_graceful_shutdown=max(5, int(config.request_timeout_ms / 1000) + 5),
+        log_config=None,
+        timeout_keep_alive=config.timeout_keep_alive_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=config.drain_timeout_s,  # type: ignore[arg-type]
+        backlog=min(2048, max(128, config.max_connections)),
         server_header=False,
         date_header=False,
     )
     server = Server(uv_config)
-    server.run()
+    server.run(sockets=sockets)
+    log.info("stopped: every accepted request answered")
     return 0 if server.started else 1
 
 

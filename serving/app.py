@@ -4,68 +4,144 @@ each wrapped with auth, the error table and metrics (serving/http.py). Transport
 checking, shaping answers. Scheduling is the batcher's job; running the model is the backend's.
 
 The lifespan starts the model service (the warm-up overlaps the port opening, so liveness
-answers at once) and drains it on shutdown.
+answers at once) and drains it on shutdown. `serving_app` adds the metrics port: with
+--metrics-port, connections to that port reach only /metrics, without the API key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving.config import ServeConfig
 from serving.errors import MethodNotAllowedError, RouteNotFoundError, ServeError, status_of
-from serving.http import RouteSpec, endpoint, error_response
+from serving.http import RouteSpec, endpoint, error_response, request_id_of
 from serving.openapi import openapi_document
 from serving.routes import openai, ops, v2
 from serving.service import ModelService
+from serving.tasks import TaskRuntime
+
+log = logging.getLogger("ortpack.serve")
 
 
 def route_specs(service: ModelService) -> list[RouteSpec]:
     """Every route this server answers: the task's own first, then the shared surfaces."""
-    return [*service.runtime.routes(), *openai.ROUTES, *v2.ROUTES, *ops.ROUTES]
+    return runtime_routes(service.runtime)
 
 
-def create_app(service: ModelService, config: ServeConfig) -> Starlette:
+def runtime_routes(runtime: TaskRuntime) -> list[RouteSpec]:
+    return [*runtime.routes(), *openai.ROUTES, *v2.ROUTES, *ops.ROUTES]
+
+
+def openapi_for(runtime: TaskRuntime, model_name: str) -> dict[str, Any]:
+    """The OpenAPI document of the routes a server of this task registers (tests/golden/ holds one
+    per task: `python -m tests.openapi_golden` regenerates them)."""
+    return openapi_document(
+        runtime_routes(runtime),
+        {**v2.SCHEMAS, **runtime.schemas()},
+        model_name=model_name,
+        description=runtime.describe(),
+    )
+
+
+def _errors(routes: list[Route], service: ModelService) -> dict[Any, Callable[..., Any]]:
+    """404, 405 and unexpected errors in the one JSON shape. A path with a trailing slash that
+    names a route without it is redirected (307) to a relative Location: the Host header is
+    never echoed (Starlette's own redirect builds an absolute URL from it)."""
+    metrics = service.metrics
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 500
+        path = request.url.path
+        if code == 404 and len(path) > 1 and path.endswith("/"):
+            alternative = {**request.scope, "path": path.rstrip("/")}
+            if any(route.matches(alternative)[0] != Match.NONE for route in routes):
+                query = request.scope.get("query_string", b"").decode("latin-1")
+                location = path.rstrip("/") + (f"?{query}" if query else "")
+                metrics.requests.labels(route="unmatched", status="307").inc()
+                return Response(status_code=307, headers={"Location": location, "x-request-id": request_id_of(request)})
+        error: ServeError = (
+            MethodNotAllowedError(f"{request.method} is not allowed on {path}")
+            if code == 405
+            else RouteNotFoundError(f"no route {path}")
+            if code == 404
+            else ServeError(f"HTTP {code}" if code != 500 else f"internal error: {type(exc).__name__}")
+        )
+        metrics.requests.labels(route="unmatched", status=str(status_of(error))).inc()
+        response = error_response(error)
+        response.headers["x-request-id"] = request_id_of(request)
+        return response
+
+    return {404: http_error, 405: http_error, Exception: http_error}
+
+
+def create_app(service: ModelService, config: ServeConfig, on_ready: Callable[[], None] | None = None) -> Starlette:
     specs = route_specs(service)
     metrics = service.metrics
     routes = [Route(s.path, endpoint(s, config, metrics), methods=[s.method]) for s in specs]
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        code = exc.status_code if isinstance(exc, HTTPException) else 500
-        error: ServeError = (
-            MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
-            if code == 405
-            else RouteNotFoundError(f"no route {request.url.path}")
-            if code == 404
-            else ServeError(f"HTTP {code}")
-        )
-        metrics.requests.labels(route="unmatched", status=str(status_of(error))).inc()
-        return error_response(error)
-
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        warm = asyncio.get_running_loop().create_task(service.start(config))  # the port opens meanwhile
+        async def start() -> None:
+            await service.start(config)
+            if on_ready is not None:
+                on_ready()
+
+        warm = asyncio.get_running_loop().create_task(start())  # the port opens meanwhile
         try:
             yield
         finally:
             warm.cancel()
             await service.stop()
 
-    app = Starlette(routes=routes, exception_handlers={404: http_error, 405: http_error}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=_errors(routes, service), lifespan=lifespan)
+    app.router.redirect_slashes = False
     app.state.service = service
     app.state.config = config
-    app.state.openapi = openapi_document(
-        specs,
-        {**v2.SCHEMAS, **service.runtime.schemas()},
-        model_name=service.model_name,
-        description=service.runtime.describe(),
-    )
+    app.state.openapi = openapi_for(service.runtime, service.model_name)
     return app
+
+
+def metrics_app(service: ModelService, config: ServeConfig) -> Starlette:
+    """What the metrics port serves: GET /metrics, no API key; anything else 404."""
+    spec = dataclasses.replace(ops.METRICS, guarded=False)
+    routes = [Route(spec.path, endpoint(spec, config, service.metrics), methods=["GET"])]
+    app = Starlette(routes=routes, exception_handlers=_errors(routes, service))
+    app.router.redirect_slashes = False
+    app.state.service = service
+    app.state.config = config
+    return app
+
+
+class PortRouter:
+    """Requests that arrived on `port` go to `side`; everything else (lifespan too) to `main`."""
+
+    def __init__(self, main: Starlette, side: ASGIApp, port: int) -> None:
+        self.main, self.side, self.port = main, side, port
+        self.state = main.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == self.port:
+            await self.side(scope, receive, send)
+        else:
+            await self.main(scope, receive, send)
+
+
+def serving_app(service: ModelService, config: ServeConfig, on_ready: Callable[[], None] | None = None) -> ASGIApp:
+    """The application `ortpack-serve` runs: `create_app`, plus the metrics port when one is set."""
+    app = create_app(service, config, on_ready)
+    if not config.metrics_port:
+        return app
+    return PortRouter(app, metrics_app(service, config), config.metrics_port)

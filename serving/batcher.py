@@ -1,13 +1,23 @@
-"""The dynamic batcher: a bounded queue per bucket, and worker threads running the backend.
+"""The dynamic batcher: a bounded queue of requests, fair between them, and worker threads
+running the backend.
 
-- Items (one text, one image) are queued by bucket (a text's padded-length ceiling), so a batch
-  holds only items of one bucket and is padded no further than that bucket's ceiling.
-- A batch is cut when a worker is free: from the bucket whose oldest item has waited longest,
-  up to `max_batch_size` items. The scheduler never waits when a worker is idle and work is
-  queued, unless `max_batch_delay_ms` asks it to let a small batch fill; on CPU, measured, waiting
-  only adds latency (see README).
-- The queue is bounded in items: a request that would overflow it is refused whole (429).
-- Each request has a deadline; its items still queued then are dropped and it is answered 504.
+- Items (one text, one image) wait by bucket (a text's padded-length ceiling), so a batch holds
+  only items of one bucket and is padded no further than that bucket's ceiling.
+- Fair between requests: when a worker is free, the next batch is led by the request that has
+  waited longest without a batch on the workers (a request whose batch is running comes after
+  every request that has none; a request's wait restarts when its last batch finishes). The
+  batch is its bucket's items, taken round-robin across the requests queued there, one item
+  each per round, leader first, up to `max_batch_size`. So one request of 300 texts runs one
+  batch at a time while single-sentence requests sent after it go into the next batch, instead
+  of waiting for all 300.
+- The scheduler never waits when a worker is idle and work is queued, unless
+  `max_batch_delay_ms` asks it to let a small batch fill; on CPU, measured, waiting only adds
+  latency (see README).
+- The queue is bounded in items: a request that would overflow it now is refused whole (429
+  with Retry-After); one that could never fit (more items than the queue holds) gets 413.
+- Each request has a deadline (from the request context when there is one: counted from the
+  request's arrival); its items still queued then are dropped and it is answered 504. A request
+  whose caller went away (its task cancelled: the client disconnected) is dropped the same way.
 - The backend runs on `workers` threads of its own, off the event loop; results come back with
   `call_soon_threadsafe`. Every request gets exactly one result or one exception, including when
   the backend raises or the batcher stops.
@@ -25,14 +35,23 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from serving import context
 from serving.backend import Backend
-from serving.errors import DeadlineExceededError, InferenceError, NotReadyError, OverloadedError, ServeError
+from serving.context import RequestContext
+from serving.errors import (
+    DeadlineExceededError,
+    InferenceError,
+    NotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+    ServeError,
+)
 
 log = logging.getLogger("ortpack.serve")
 
@@ -43,21 +62,37 @@ class Request:
 
     future: asyncio.Future[list[np.ndarray]]
     rows: list[Any]
-    remaining: int
+    remaining: int  # rows not yet computed
+    queued: int  # items still waiting in the queue
+    enqueued: float
+    turn: float  # when it last started waiting for a batch: arrival, then each batch's end
+    slices: dict[Hashable, Slice] = field(default_factory=dict)  # its queued items, by bucket
+    running: int = 0  # its batches on the workers now
+    first_start: float = 0.0
+    last_end: float = 0.0
+    context: RequestContext | None = None
+
+    def key(self) -> tuple[bool, float]:
+        """Scheduling order: requests without a running batch first, then the longest waiting."""
+        return (self.running > 0, self.turn)
 
 
 @dataclass(slots=True, eq=False)
-class Item:
-    payload: Any
-    bucket: Hashable
+class Slice:
+    """One request's items waiting in one bucket: (index in the request, payload)."""
+
     request: Request
-    index: int
-    enqueued: float = field(default_factory=time.perf_counter)
+    items: deque[tuple[int, Any]]
+
+
+# One item of a cut batch: its request, its index there, its payload.
+Entry = tuple[Request, int, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
-    """What one model call did, for metrics: bucket, size, seconds, padded and real tokens."""
+    """What one model call did, for metrics: bucket, size, seconds, padded and real tokens (0 for
+    payloads that are not token ids, such as images)."""
 
     bucket: Hashable
     size: int
@@ -65,6 +100,15 @@ class BatchStats:
     queue_wait: float
     real_tokens: int
     padded_tokens: int
+
+
+def token_count(payload: Any) -> int | None:
+    """Tokens of a text payload (a 1-D integer id array, or anything with such `ids`); None for
+    other payloads (an image's `len` is its height, not tokens)."""
+    ids = getattr(payload, "ids", payload)
+    if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype.kind in "iu":
+        return len(ids)
+    return None
 
 
 class Batcher:
@@ -79,6 +123,7 @@ class Batcher:
         on_batch: Any = None,
         item_cost: Any = None,
         max_batch_cost: float = math.inf,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.backend = backend
         # A batch also stops at `max_batch_cost` (images: pixels), whatever its size; it always
@@ -90,7 +135,10 @@ class Batcher:
         self.workers = workers
         self.max_batch_delay = max_batch_delay_ms / 1000.0
         self.on_batch = on_batch  # callable(BatchStats), called on the event loop
-        self.queues: dict[Hashable, deque[Item]] = {}
+        self.clock = clock
+        self.lines: dict[Hashable, dict[Request, Slice]] = {}  # per bucket, the requests queued there
+        self.counts: dict[Hashable, int] = {}  # items queued per bucket
+        self.active: dict[Request, None] = {}  # requests with queued items, in arrival order
         self.depth = 0  # items queued, not yet cut into a batch
         self.running = 0  # batches on the worker threads
         self.items_per_second = 0.0  # smoothed throughput, for Retry-After
@@ -98,7 +146,7 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._free: asyncio.Semaphore | None = None
         self._idle: asyncio.Event | None = None
-        self._jobs: queue.SimpleQueue[tuple[Hashable, list[Item], float] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Hashable, list[Entry], float] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
@@ -128,11 +176,8 @@ class Batcher:
                 await self._idle.wait()
         if self._scheduler is not None:
             self._scheduler.cancel()
-        for items in self.queues.values():
-            for item in items:
-                self._fail(item.request, NotReadyError("the server is shutting down"))
-            items.clear()
-        self.depth = 0
+        for request in list(self.active):
+            self._fail(request, NotReadyError("the server is shutting down"))
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:
@@ -147,22 +192,47 @@ class Batcher:
         return max(1, math.ceil(self.depth / self.items_per_second))
 
     async def submit(self, payloads: Sequence[Any], buckets: Sequence[Hashable], timeout_s: float) -> list[np.ndarray]:
-        """Queue one request's items and wait for all of them; results come back in order."""
+        """Queue one request's items and wait for all of them; results come back in order. The
+        deadline is `timeout_s` from now, or the request context's when it is sooner."""
         if self._closed or self._loop is None or self._wakeup is None:
             raise NotReadyError("the server is shutting down")
         n = len(payloads)
+        if n > self.max_queue_size:
+            raise PayloadTooLargeError(
+                f"a request of {n} items can never fit the queue of {self.max_queue_size} items; send fewer items"
+            )
         if self.depth + n > self.max_queue_size:
             raise OverloadedError(
                 f"the queue is full ({self.depth} items waiting, limit {self.max_queue_size}); retry later",
                 headers={"Retry-After": str(self.retry_after())},
             )
-        request = Request(future=self._loop.create_future(), rows=[None] * n, remaining=n)
-        now = time.perf_counter()
+        ctx = context.current()
+        if ctx is not None:
+            ctx.check_deadline("before queueing")
+            timeout_s = min(timeout_s, ctx.remaining())
+            ctx.items += n
+        now = self.clock()
+        request = Request(
+            future=self._loop.create_future(),
+            rows=[None] * n,
+            remaining=n,
+            queued=n,
+            enqueued=now,
+            turn=now,
+            context=ctx,
+        )
+        slices = request.slices
         for index, (payload, bucket) in enumerate(zip(payloads, buckets, strict=True)):
-            items = self.queues.get(bucket)
-            if items is None:
-                items = self.queues[bucket] = deque()
-            items.append(Item(payload, bucket, request, index, now))
+            piece = slices.get(bucket)
+            if piece is None:
+                piece = slices[bucket] = Slice(request, deque())
+                line = self.lines.get(bucket)
+                if line is None:
+                    line = self.lines[bucket] = {}
+                line[request] = piece
+            piece.items.append((index, payload))
+            self.counts[bucket] = self.counts.get(bucket, 0) + 1
+        self.active[request] = None
         self.depth += n
         self._wakeup.set()
         timer = self._loop.call_later(
@@ -175,108 +245,169 @@ class Batcher:
             return await request.future
         finally:
             timer.cancel()
-            if not request.future.done():  # the client went away: its queued items are skipped
+            if not request.future.done():
                 request.future.cancel()
+            if request.queued:  # the caller went away (cancelled): its queued items are dropped
+                self._release(request)
+
+    def _release(self, request: Request) -> None:
+        """Take a finished, failed or abandoned request's queued items out of the queue."""
+        if request.queued:
+            for bucket, piece in request.slices.items():
+                self.lines[bucket].pop(request, None)
+                self.counts[bucket] -= len(piece.items)
+            self.depth -= request.queued
+            request.queued = 0
+        request.slices.clear()
+        self.active.pop(request, None)
+        if not self.depth and not self.running:
+            self._signal_idle()
 
     # ---------------------------------------------------------------- scheduling (event loop)
 
-    def _oldest_bucket(self) -> Hashable | None:
-        best, best_time = None, math.inf
-        for bucket, items in self.queues.items():
-            while items and items[0].request.future.done():  # answered already (failed, expired)
-                items.popleft()
-                self.depth -= 1
-            if items and items[0].enqueued < best_time:
-                best, best_time = bucket, items[0].enqueued
+    def _leader(self) -> Request | None:
+        """The request the next batch is for: no batch running, then the longest waiting."""
+        best: Request | None = None
+        for request in self.active:
+            if best is None:
+                best = request
+            elif request.running:
+                if best.running and request.turn < best.turn:
+                    best = request
+            elif best.running or request.turn < best.turn:
+                best = request
         return best
 
-    def _cut(self, bucket: Hashable) -> list[Item]:
-        items = self.queues[bucket]
-        batch: list[Item] = []
+    def _cut(self, bucket: Hashable) -> list[Entry]:
+        """Up to max_batch_size items of `bucket`, one per request per round, best request first."""
+        line = self.lines[bucket]
+        order = sorted(line.values(), key=lambda piece: piece.request.key()) if len(line) > 1 else list(line.values())
+        batch: list[Entry] = []
         cost = 0.0
-        while items and len(batch) < self.max_batch_size:
-            if self.item_cost is not None and batch:
-                cost_next = cost + self.item_cost(items[0].payload)
-                if cost_next > self.max_batch_cost:
+        limit = self.max_batch_size
+        full = False
+        while order and not full:
+            later: list[Slice] = []
+            for piece in order:
+                if len(batch) >= limit:
+                    full = True
                     break
-            item = items.popleft()
-            self.depth -= 1
-            if not item.request.future.done():
-                batch.append(item)
+                index, payload = piece.items[0]
                 if self.item_cost is not None:
-                    cost += self.item_cost(item.payload)
+                    item = self.item_cost(payload)
+                    if batch and cost + item > self.max_batch_cost:
+                        full = True
+                        break
+                    cost += item
+                piece.items.popleft()
+                batch.append((piece.request, index, payload))
+                if piece.items:
+                    later.append(piece)
+                else:
+                    del line[piece.request]
+                    del piece.request.slices[bucket]
+            order = later
+        self.counts[bucket] -= len(batch)
+        self.depth -= len(batch)
+        now = self.clock()
+        taken: dict[Request, int] = {}
+        for entry in batch:
+            taken[entry[0]] = taken.get(entry[0], 0) + 1
+        for request, count in taken.items():
+            request.queued -= count
+            request.running += 1
+            if not request.first_start:
+                request.first_start = now
+            if not request.queued:
+                self.active.pop(request, None)
         return batch
 
     async def _schedule(self) -> None:
         assert self._wakeup is not None and self._free is not None
         while True:
             await self._free.acquire()
-            bucket = self._oldest_bucket()
-            while bucket is None:
+            leader = self._leader()
+            while leader is None:
                 self._signal_idle()
                 self._wakeup.clear()
                 await self._wakeup.wait()
-                bucket = self._oldest_bucket()
+                leader = self._leader()
+            bucket = next(iter(leader.slices))
             if self.max_batch_delay > 0:
                 await self._let_fill(bucket)
+                if not self.counts.get(bucket):  # its requests expired or went away meanwhile
+                    self._free.release()
+                    continue
             batch = self._cut(bucket)
-            if not batch:
-                self._free.release()
-                continue
             self.running += 1
-            self._jobs.put((bucket, batch, time.perf_counter()))
+            self._jobs.put((bucket, batch, self.clock()))
 
     async def _let_fill(self, bucket: Hashable) -> None:
-        """Wait (at most max_batch_delay after the oldest item arrived) for a fuller batch."""
-        items = self.queues[bucket]
-        while items and len(items) < self.max_batch_size:
-            remaining = items[0].enqueued + self.max_batch_delay - time.perf_counter()
+        """Wait (at most max_batch_delay after the oldest item of `bucket` arrived) for a fuller batch."""
+        assert self._wakeup is not None
+        while 0 < self.counts.get(bucket, 0) < self.max_batch_size:
+            oldest = min(request.enqueued for request in self.lines[bucket])
+            remaining = oldest + self.max_batch_delay - self.clock()
             if remaining <= 0:
                 return
-            await asyncio.sleep(min(remaining, 0.001))
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
 
     def _finish(
-        self, bucket: Hashable, batch: list[Item], started: float, rows: Any, error: BaseException | None
+        self, bucket: Hashable, batch: list[Entry], started: float, rows: Any, error: BaseException | None
     ) -> None:
         """Back on the event loop: hand each row to its request, free the worker."""
         assert self._free is not None
         self.running -= 1
         self._free.release()
+        now = self.clock()
+        for request in {entry[0]: None for entry in batch}:
+            request.running -= 1
+            request.turn = now
+            request.last_end = now
         if error is not None:
             if not isinstance(error, ServeError):
                 log.error("model call failed for a batch of %d: %r", len(batch), error)
                 error = InferenceError(f"the model failed on this batch: {type(error).__name__}: {error}")
-            for item in batch:
-                self._fail(item.request, error)
+            for request, _, _ in batch:
+                self._fail(request, error)
         else:
-            for item, row in zip(batch, rows, strict=True):
-                request = item.request
+            for (request, index, _), row in zip(batch, rows, strict=True):
                 if request.future.done():
                     continue
-                request.rows[item.index] = row
+                request.rows[index] = row
                 request.remaining -= 1
                 if request.remaining == 0:
+                    ctx = request.context
+                    if ctx is not None:
+                        ctx.queue_s = request.first_start - request.enqueued
+                        ctx.inference_s = request.last_end - request.first_start
                     request.future.set_result(request.rows)
-            self._record(bucket, batch, started)
+            self._record(bucket, batch, started, now)
         if not self.depth and not self.running:
             self._signal_idle()
 
-    def _record(self, bucket: Hashable, batch: list[Item], started: float) -> None:
-        seconds = time.perf_counter() - started
+    def _record(self, bucket: Hashable, batch: list[Entry], started: float, now: float) -> None:
+        seconds = now - started
         rate = len(batch) / max(seconds, 1e-6) * self.workers
         self.items_per_second = rate if self.items_per_second == 0 else 0.9 * self.items_per_second + 0.1 * rate
         if self.on_batch is not None:
-            sized = hasattr(batch[0].payload, "__len__")
-            real = sum(len(i.payload) for i in batch) if sized else len(batch)
-            width = max(len(i.payload) for i in batch) if sized else 1
+            counted = [token_count(payload) for _, _, payload in batch]
+            lengths = [n for n in counted if n is not None]
+            text = len(lengths) == len(batch)  # images and other payloads have no tokens
+            real = sum(lengths) if text else 0
+            padded = max(lengths) * len(batch) if text else 0
             self.on_batch(
                 BatchStats(
                     bucket=bucket,
                     size=len(batch),
                     seconds=seconds,
-                    queue_wait=started - min(i.enqueued for i in batch),
+                    queue_wait=started - min(request.enqueued for request, _, _ in batch),
                     real_tokens=real,
-                    padded_tokens=width * len(batch),
+                    padded_tokens=padded,
                 )
             )
 
@@ -284,10 +415,10 @@ class Batcher:
         if self._idle is not None:
             self._idle.set()
 
-    @staticmethod
-    def _fail(request: Request, error: BaseException) -> None:
+    def _fail(self, request: Request, error: BaseException) -> None:
         if not request.future.done():
             request.future.set_exception(error)
+        self._release(request)
 
     # ---------------------------------------------------------------- workers (threads)
 
@@ -297,7 +428,7 @@ class Batcher:
             bucket, batch, started = job
             rows, error = None, None
             try:
-                rows = self.backend.run([item.payload for item in batch])
+                rows = self.backend.run([payload for _, _, payload in batch])
             except BaseException as exc:  # noqa: BLE001 - handed to the loop: every item gets an answer
                 error = exc
             try:

@@ -1,7 +1,9 @@
 """Server configuration: every option is a command-line flag and an `ORTPACK_<NAME>` variable.
 
 Flags win over the environment, the environment over the defaults. Nothing is read at import
-time: `parse_config(argv, environ)` does it when the server starts.
+time: `parse_config(argv, environ)` does it when the server starts. Boolean options work bare
+(`--jpeg-draft`), with a value (`--warmup false`, `ORTPACK_WARMUP=false`) or negated
+(`--no-warmup`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 
@@ -25,25 +28,36 @@ class ServeConfig:
     port: int = 8080
     model_name: str = ""  # default: the bundle's name
     api_key: str = ""
+    api_key_file: str = ""  # read by parse_config into api_key (the key then never shows in `ps`)
     max_batch_size: int = 32
     max_batch_delay_ms: float = 0.0
-    max_queue_size: int = 1024
+    max_queue_size: int = 2048
     request_timeout_ms: float = 30_000.0
     max_body_bytes: int = 4 * 1024 * 1024
-    max_items: int = 2048
+    max_items: int = 1024
     max_tokens: int = 0  # default: the bundle's tokenizer max_length
+    max_text_chars: int = 0  # default: 100 x max_tokens
+    truncate: bool = True
     max_image_pixels: int = 40_000_000
     max_batch_pixels: int = 4_000_000
     jpeg_draft: bool = False
-    truncate: bool = True
-    buckets: tuple[int, ...] = ()  # default: powers of two from 16 up to max_tokens
+    buckets: tuple[int, ...] = ()  # default: serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
     workers: int = 0  # model threads running ORT at once; default: the cores available
     intra_op_threads: int = 1
     warmup: bool = True
+    max_connections: int = 1024
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    timeout_keep_alive_s: float = 5.0
+    shutdown_grace_s: float = 0.0
+    metrics_port: int = 0  # 0: /metrics only on the main port
     cache_dir: str = ""  # where fetched bundles go; default: a directory under the temp dir
     trust_key: str = ""  # PEM public key; when set, the bundle's model.sig must verify with it
+    access_log: bool = False
+    log_format: str = "text"
     log_level: str = "info"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         checks = [
@@ -54,11 +68,28 @@ class ServeConfig:
             (self.request_timeout_ms > 0, f"--request-timeout-ms must be > 0, got {self.request_timeout_ms}"),
             (self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}"),
             (self.max_items >= 1, f"--max-items must be >= 1, got {self.max_items}"),
+            (
+                self.max_items <= self.max_queue_size,
+                f"--max-items {self.max_items} exceeds --max-queue-size {self.max_queue_size}: such a request "
+                "could never be queued; lower --max-items or raise --max-queue-size",
+            ),
             (self.max_tokens >= 0, f"--max-tokens must be >= 0, got {self.max_tokens}"),
+            (self.max_text_chars >= 0, f"--max-text-chars must be >= 0, got {self.max_text_chars}"),
             (self.max_image_pixels >= 1024, f"--max-image-pixels must be >= 1024, got {self.max_image_pixels}"),
+            (self.max_batch_pixels >= 1, f"--max-batch-pixels must be >= 1, got {self.max_batch_pixels}"),
             (self.workers >= 0, f"--workers must be >= 0, got {self.workers}"),
             (self.intra_op_threads >= 0, f"--intra-op-threads must be >= 0, got {self.intra_op_threads}"),
             (all(b > 0 for b in self.buckets), f"--buckets must be positive, got {self.buckets}"),
+            (self.max_connections >= 1, f"--max-connections must be >= 1, got {self.max_connections}"),
+            (self.max_header_bytes >= 1024, f"--max-header-bytes must be >= 1024, got {self.max_header_bytes}"),
+            (self.max_headers >= 1, f"--max-headers must be >= 1, got {self.max_headers}"),
+            (self.header_timeout_s > 0, f"--header-timeout-s must be > 0, got {self.header_timeout_s}"),
+            (self.body_timeout_s > 0, f"--body-timeout-s must be > 0, got {self.body_timeout_s}"),
+            (self.timeout_keep_alive_s > 0, f"--timeout-keep-alive-s must be > 0, got {self.timeout_keep_alive_s}"),
+            (self.shutdown_grace_s >= 0, f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}"),
+            (0 <= self.metrics_port <= 65535, f"--metrics-port must be in 0..65535, got {self.metrics_port}"),
+            (self.metrics_port != self.port, f"--metrics-port must differ from --port {self.port}"),
+            (self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}"),
             (self.log_level in ("debug", "info", "warning", "error"), f"unknown --log-level {self.log_level!r}"),
         ]
         for ok, message in checks:
@@ -68,6 +99,12 @@ class ServeConfig:
     @property
     def worker_count(self) -> int:
         return self.workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+    @property
+    def drain_timeout_s(self) -> float:
+        """How long shutdown waits for accepted requests after the grace period: each is answered
+        within the request deadline (from its arrival) or its body timeout, plus a margin."""
+        return max(self.request_timeout_ms / 1000.0, self.body_timeout_s) + 5.0
 
 
 def _bool(text: str) -> bool:
@@ -87,49 +124,118 @@ def _buckets(text: str) -> tuple[int, ...]:
 
 
 _HELP = {
-    "bundle": "bundle to serve: a directory, file://, http(s):// (.tar) or s3:// URI",
+    "bundle": "bundle to serve: a directory, file://, http(s):// (.tar), s3:// or oci:// URI",
     "variant": "variant id to load, or 'auto' for the best one for this hardware",
-    "host": "address to bind (default 127.0.0.1; use 0.0.0.0 in a container)",
+    "host": "address to bind (use 0.0.0.0 in a container)",
     "port": "port to bind",
-    "model_name": "model name clients use (default: the bundle's name)",
-    "api_key": "require 'Authorization: Bearer <key>' on every route but health",
+    "model_name": "model name clients use",
+    "api_key": "require 'Authorization: Bearer <key>' on every route but health (prefer --api-key-file)",
+    "api_key_file": "read the API key from this file (first line), so it never shows in the process list",
     "max_batch_size": "most items in one model call",
     "max_batch_delay_ms": "how long a batch may wait to fill when the model is idle (0: never wait)",
-    "max_queue_size": "most items waiting; beyond it requests get 429 with Retry-After",
-    "request_timeout_ms": "per-request deadline; a request not answered in time gets 504",
+    "max_queue_size": "most items waiting; a request that does not fit now gets 429 with Retry-After",
+    "request_timeout_ms": "per-request deadline from its arrival (body, tokenizing, queue, model): 504",
     "max_body_bytes": "largest request body; larger gets 413",
-    "max_items": "most texts in one request; more gets 413",
-    "max_tokens": "most tokens per text (default: the bundle's max length)",
+    "max_items": "most texts or images in one request (413); at most --max-queue-size",
+    "max_tokens": "most tokens per text",
+    "max_text_chars": "most characters per text before tokenizing: longer texts are cut there with --truncate, "
+    "refused with 413 without it",
     "truncate": "truncate texts longer than --max-tokens (true) or answer 413 (false)",
     "max_image_pixels": "image bundles: largest image in pixels (checked from the header before decoding; 413)",
     "max_batch_pixels": "image bundles: most pixels in one model call (a batch always holds one image)",
     "jpeg_draft": "image bundles: decode JPEGs at a reduced DCT scale (no smaller than the resize size); "
     "much faster on large photos, but pixels differ from the validated full decode (see README)",
-    "buckets": "comma-separated padded-length ceilings (default: every 4 tokens to 32, 8 to 64, 16 to 128, 32 on)",
-    "workers": "model calls running at once (default: one per available core)",
-    "intra_op_threads": "ONNX Runtime threads per model call (default 1)",
+    "buckets": "comma-separated padded-length ceilings",
+    "workers": "model calls running at once",
+    "intra_op_threads": "ONNX Runtime threads per model call",
     "warmup": "run every bucket shape once before reporting ready",
-    "cache_dir": "where fetched bundles are extracted (default: under the temp directory)",
+    "max_connections": "most open client connections; more are answered 503 and closed",
+    "max_header_bytes": "largest request line + headers in bytes; larger gets 431 and the connection closes",
+    "max_headers": "most request header fields; more gets 431",
+    "header_timeout_s": "seconds a client has to send its request line and headers once it starts (408, closed)",
+    "body_timeout_s": "seconds a client has to send its body once the headers arrived (408, closed)",
+    "timeout_keep_alive_s": "seconds an idle connection stays open (also a new one that sends nothing)",
+    "shutdown_grace_s": "after SIGTERM, keep serving this long with readiness 503 (so endpoints drop the pod), "
+    "then stop accepting and answer every accepted request",
+    "metrics_port": "also serve /metrics on this port, without the API key (0: only on --port, with the key)",
+    "cache_dir": "where fetched bundles are extracted (one verified copy per archive digest)",
     "trust_key": "PEM public key; refuse bundles whose signature is missing or does not verify with it",
+    "access_log": "log one line per request (route, status, items, tokens, queue and inference ms, request id)",
+    "log_format": "text or json (one JSON object per line)",
     "log_level": "debug, info, warning or error",
 }
 
+# Defaults whose field value is a placeholder for something decided at start.
+_DEFAULT_TEXT = {
+    "bundle": "required",
+    "model_name": "the bundle's name",
+    "api_key": "none",
+    "api_key_file": "none",
+    "max_tokens": "the bundle's max length",
+    "max_text_chars": "100 x --max-tokens",
+    "buckets": "4 tokens apart to 32, 8 to 64, 16 to 128, 32 beyond",
+    "workers": "one per available core",
+    "metrics_port": "none",
+    "cache_dir": "ortpack-bundles under the temp directory",
+    "trust_key": "none",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from serving import __version__
+
+    try:
+        ort = version("onnxruntime")
+    except PackageNotFoundError:
+        try:
+            ort = version("onnxruntime-gpu")
+        except PackageNotFoundError:
+            ort = "not installed"
+    return f"ortpack-serve {__version__} (onnxruntime {ort})"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line (main prints it), not usage + message
+        raise ConfigError(message)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ortpack-serve",
         description="Serve an ortpack bundle with ONNX Runtime: OpenAI embeddings, Open Inference Protocol v2, "
-        "Prometheus metrics. Every option can also be set as ORTPACK_<OPTION> (e.g. ORTPACK_MAX_BATCH_SIZE).",
+        "Prometheus metrics. Every option can also be set as ORTPACK_<OPTION> (e.g. ORTPACK_MAX_BATCH_SIZE); "
+        "flags win over the environment.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     for f in fields(ServeConfig):
-        if f.name == "extra":
-            continue
         flag = "--" + f.name.replace("_", "-")
         env = "ORTPACK_" + f.name.upper()
-        default = "required" if f.name == "bundle" else f.default
-        parser.add_argument(
-            flag, type=_converter(f.name), default=None, help=f"{_HELP[f.name]} [{env}; default {default!r}]"
-        )
+        default = _DEFAULT_TEXT.get(f.name, f.default)
+        shown = default if isinstance(default, str) and f.name in _DEFAULT_TEXT else repr(default)
+        if isinstance(f.default, bool):
+            shown = "true" if f.default else "false"
+            parser.add_argument(
+                flag,
+                type=_bool,
+                nargs="?",
+                const=True,
+                default=None,
+                metavar="BOOL",
+                help=f"{_HELP[f.name]} [{env}; default {shown}; bare {flag} means true, --no-{flag[2:]} false]",
+            )
+            parser.add_argument(
+                "--no-" + f.name.replace("_", "-"),
+                dest=f.name,
+                action="store_const",
+                const=False,
+                help=argparse.SUPPRESS,
+            )
+        else:
+            parser.add_argument(
+                flag, type=_converter(f.name), default=None, help=f"{_HELP[f.name]} [{env}; default {shown}]"
+            )
     return parser
 
 
@@ -140,6 +246,19 @@ def _converter(name: str) -> Callable[[str], Any]:
     default = next(f.default for f in fields(ServeConfig) if f.name == name)
     converters: dict[type, Callable[[str], Any]] = {int: int, float: float, bool: _bool}
     return converters.get(type(default), str)
+
+
+def read_key_file(path: str) -> str:
+    """The API key in `path`: its first line, stripped (a Kubernetes Secret file may end in a newline)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ConfigError(f"cannot read --api-key-file {path}: {reason}") from None
+    key = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise ConfigError(f"--api-key-file {path} is empty")
+    return key
 
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:
@@ -159,4 +278,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         values[name] = value
     if not values.get("bundle"):
         raise ConfigError("no bundle given (--bundle PATH_OR_URI or ORTPACK_BUNDLE)")
+    if values.get("api_key_file"):
+        if values.get("api_key"):
+            raise ConfigError("give the API key once: --api-key or --api-key-file, not both")
+        values["api_key"] = read_key_file(values["api_key_file"])
     return ServeConfig(**values)

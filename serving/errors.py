@@ -3,6 +3,10 @@
 Every error answer has one JSON shape (OpenAI's, which KServe clients also read as JSON):
 
     {"error": {"message": "...", "type": "invalid_request", "code": 400}}
+
+The connection layer (serving/protocol.py) writes the same shape for what it refuses before a
+route runs: 400 (malformed HTTP), 408 (slow client), 431 (headers too large), 503 (too many
+connections).
 """
 
 from __future__ import annotations
@@ -63,6 +67,18 @@ class DeadlineExceededError(ServeError, TimeoutError):
     kind = "deadline_exceeded"
 
 
+class RequestTimeoutError(ServeError, TimeoutError):
+    """The client did not send its request (headers or body) in time."""
+
+    kind = "request_timeout"
+
+
+class ClientClosedError(ServeError, ConnectionError):
+    """The client went away before its answer (nginx's 499: logged and counted, never sent)."""
+
+    kind = "client_closed_request"
+
+
 class InferenceError(ServeError, RuntimeError):
     kind = "inference_error"
 
@@ -74,10 +90,12 @@ STATUS: tuple[tuple[type[ServeError], int], ...] = (
     (ModelNotFoundError, 404),
     (RouteNotFoundError, 404),
     (MethodNotAllowedError, 405),
+    (RequestTimeoutError, 408),
     (PayloadTooLargeError, 413),
     (UnsupportedMediaTypeError, 415),
     (UnprocessableError, 422),
     (OverloadedError, 429),
+    (ClientClosedError, 499),
     (InferenceError, 500),
     (NotReadyError, 503),
     (DeadlineExceededError, 504),

@@ -1,25 +1,33 @@
 """What every route shares: reading bodies within limits, answering JSON, the route declaration
 (`RouteSpec`: path, method, handler and its OpenAPI operation), and the wrapper that adds auth,
-the error table and metrics around a handler. Handlers are module-level functions that find the
+the error table, the request context (id, deadline from arrival, timings), response headers,
+the access log and metrics around a handler. Handlers are module-level functions that find the
 model service and the configuration on `request.app.state`."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from serving.context import RequestContext, bind, unbind
 from serving.errors import (
+    ClientClosedError,
     InvalidRequestError,
     ModelNotFoundError,
+    NotReadyError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     ServeError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
@@ -33,9 +41,21 @@ if TYPE_CHECKING:
     from serving.service import ModelService
 
 log = logging.getLogger("ortpack.serve")
+access_log = logging.getLogger("ortpack.access")
 Handler = Callable[[Request], Awaitable[Response]]
 JSON = "application/json"
-_REJECTED = {429: "queue_full", 413: "too_large", 504: "deadline", 503: "not_ready", 401: "unauthorized"}
+_REJECTED = {
+    429: "queue_full",
+    413: "too_large",
+    504: "deadline",
+    503: "not_ready",
+    401: "unauthorized",
+    408: "slow_client",
+    499: "client_gone",
+}
+# A client's x-request-id is echoed when it is short and plain; otherwise one is generated.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+CHALLENGE = 'Bearer realm="ortpack"'
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -71,7 +91,10 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
-    """The request body parsed as a JSON object (within --max-body-bytes)."""
+    """The request body parsed as a JSON object (within --max-body-bytes). A non-JSON Content-Type
+    is 415: a browser may send text/plain cross-origin without a preflight, and `curl -d` sends
+    application/x-www-form-urlencoded (add -H 'Content-Type: application/json'). No Content-Type
+    at all is read as JSON."""
     kind = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
     if kind not in (JSON, "") and not kind.endswith("+json"):
         raise UnsupportedMediaTypeError(f"send JSON with Content-Type application/json, not {kind!r}")
@@ -150,11 +173,13 @@ class RouteSpec:
 
 _ERROR_TEXT = {
     400: "invalid request",
-    401: "missing or wrong API key",
+    401: "missing or wrong API key (WWW-Authenticate: Bearer)",
     404: "unknown model",
+    408: "request headers or body not received in time",
     413: "too large",
     415: "unsupported media type",
     429: "queue full (see Retry-After)",
+    431: "request headers too large",
     503: "not ready or shutting down",
     504: "deadline exceeded",
 }
@@ -167,32 +192,103 @@ def _error_answer(code: int) -> dict[str, Any]:
     }
 
 
+def request_id_of(request: Request) -> str:
+    given = request.headers.get("x-request-id")
+    return given if given is not None and _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def authorized(request: Request, key: bytes) -> bool:
+    """`Authorization: Bearer <key>`, the scheme in any case (RFC 7235), compared in constant time."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
+
+
+def unauthorized(request: Request) -> UnauthorizedError:
+    given = "authorization" in request.headers
+    challenge = CHALLENGE + (', error="invalid_token"' if given else "")
+    return UnauthorizedError(
+        "wrong API key" if given else "missing API key (send 'Authorization: Bearer <key>')",
+        headers={"WWW-Authenticate": challenge},
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"
+
+
 def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
-    """Auth, the error table and metrics around one route's handler."""
-    expected = f"Bearer {config.api_key}".encode() if config.api_key and spec.guarded else None
+    """Auth, the request context, the error table, headers, the access log and metrics around one
+    route's handler."""
+    key = config.api_key.encode() if config.api_key and spec.guarded else None
     label = spec.metric_label
+    timeout_s = config.request_timeout_ms / 1000.0
+    logging_access = config.access_log
 
     async def run(request: Request) -> Response:
         started = time.perf_counter()
+        arrival = request.scope.get("ortpack.arrival", started)
+        ctx = RequestContext(request_id=request_id_of(request), arrival=arrival, deadline=arrival + timeout_s)
+        token = bind(ctx)
         metrics.in_flight.inc()
         try:
-            if expected is not None:
-                given = request.headers.get("authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    raise UnauthorizedError("missing or wrong API key (send 'Authorization: Bearer <key>')")
+            if key is not None and not authorized(request, key):
+                raise unauthorized(request)
             response = await spec.handler(request)
         except ServeError as exc:
             response = error_response(exc)
-            reason = _REJECTED.get(response.status_code)
-            if reason:
-                metrics.rejections.labels(reason=reason).inc()
+        except ClientDisconnect:
+            response = _gone(request)
+        except asyncio.CancelledError:
+            # The connection layer cancels a request whose client went away; uvicorn cancels what is
+            # still running when its drain timeout ends. Either way: one answer, no traceback.
+            if request.scope.get("ortpack.disconnected"):
+                response = error_response(ClientClosedError("the client went away"))
+            else:
+                response = error_response(NotReadyError("the server is shutting down"))
         except Exception as exc:
             log.exception("unexpected error on %s", label)
             response = error_response(ServeError(f"internal error: {type(exc).__name__}"))
         finally:
             metrics.in_flight.dec()
-        metrics.requests.labels(route=label, status=str(response.status_code)).inc()
-        metrics.latency.labels(route=label).observe(time.perf_counter() - started)
+            unbind(token)
+        status = response.status_code
+        reason = _REJECTED.get(status)
+        if reason:
+            metrics.rejections.labels(reason=reason).inc()
+        headers = response.headers
+        headers["x-request-id"] = ctx.request_id
+        if ctx.queue_s is not None and ctx.inference_s is not None:
+            headers["x-queue-time"] = _ms(ctx.queue_s)
+            headers["x-inference-time"] = _ms(ctx.inference_s)
+        total = time.perf_counter() - started
+        metrics.requests.labels(route=label, status=str(status)).inc()
+        metrics.latency.labels(route=label).observe(total)
+        if logging_access:
+            log_access(request, label, status, ctx, time.perf_counter() - arrival)
         return response
 
     return run
+
+
+def _gone(request: Request) -> Response:
+    """The body read stopped: the client went away (499), or the connection layer closed a slow
+    body (it already answered 408)."""
+    if request.scope.get("ortpack.timed_out"):
+        return error_response(RequestTimeoutError("request body not received in time"))
+    return error_response(ClientClosedError("the client went away while sending its body"))
+
+
+def log_access(request: Request, route: str, status: int, ctx: RequestContext, seconds: float) -> None:
+    """One access-log line (fields in `extra` too, for --log-format json)."""
+    fields = {
+        "method": request.method,
+        "route": route,
+        "status": status,
+        "items": ctx.items,
+        "tokens": ctx.tokens,
+        "queue_ms": round(ctx.queue_s * 1000, 3) if ctx.queue_s is not None else None,
+        "inference_ms": round(ctx.inference_s * 1000, 3) if ctx.inference_s is not None else None,
+        "total_ms": round(seconds * 1000, 3),
+        "request_id": ctx.request_id,
+    }
+    access_log.info(" ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items()), extra={"fields": fields})

@@ -1,8 +1,9 @@
-"""Prometheus metrics of the server, in their own registry (one per app)."""
+"""Prometheus metrics of the server, in their own registry (one per app). No `_created` series:
+they double the exposition and no dashboard reads them."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from serving.batcher import BatchStats
 from serving.gates import GATES
@@ -15,6 +16,7 @@ _RATIO = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 8)
 
 class Metrics:
     def __init__(self) -> None:
+        disable_created_metrics()  # process-wide in prometheus_client; this process serves one model
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -26,7 +28,7 @@ class Metrics:
         self.queue_depth = Gauge("ortpack_queue_depth", "items waiting for the model", registry=r)
         self.batch_size = Histogram("ortpack_batch_size", "items per model call", buckets=_BATCH, registry=r)
         self.padding_ratio = Histogram(
-            "ortpack_padding_ratio", "padded tokens / real tokens per model call", buckets=_RATIO, registry=r
+            "ortpack_padding_ratio", "padded tokens / real tokens per model call (texts)", buckets=_RATIO, registry=r
         )
         self.inference = Histogram(
             "ortpack_inference_duration_seconds", "model call time by bucket", ["bucket"], buckets=_LATENCY, registry=r
@@ -35,7 +37,14 @@ class Metrics:
             "ortpack_queue_wait_seconds", "time the oldest item of a batch waited", buckets=_LATENCY, registry=r
         )
         self.items = Counter("ortpack_items_total", "items (texts, images) answered", registry=r)
-        self.rejections = Counter("ortpack_rejections_total", "requests refused, by reason", ["reason"], registry=r)
+        self.rejections = Counter(
+            "ortpack_rejections_total",
+            "requests refused or abandoned, by reason: queue_full, too_large, deadline, not_ready, unauthorized, "
+            "slow_client, client_gone, headers_too_large, bad_request, too_many_connections",
+            ["reason"],
+            registry=r,
+        )
+        self.tokens = Counter("ortpack_tokens_total", "real tokens of the texts run by the model", registry=r)
         self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
         self.in_flight = Gauge("ortpack_requests_in_flight", "requests accepted and not yet answered", registry=r)
         # The node check: each gated number of the probe set, per variant tried on this node
@@ -58,7 +67,9 @@ class Metrics:
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.size)
-        self.padding_ratio.observe(stats.padded_tokens / max(1, stats.real_tokens))
+        if stats.real_tokens:  # text batches only: an image has no tokens
+            self.padding_ratio.observe(stats.padded_tokens / stats.real_tokens)
+            self.tokens.inc(stats.real_tokens)
         self.inference.labels(bucket=str(stats.bucket)).observe(stats.seconds)
         self.queue_wait.observe(stats.queue_wait)
         self.items.inc(stats.size)

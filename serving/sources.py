@@ -20,10 +20,19 @@ the caller runs `verify_bundle` on what `fetch_bundle` returns.
 
 Safety: an archive or a bucket is untrusted input. Before anything is written we refuse absolute
 paths, paths with a `..` component, paths that resolve outside the target, symbolic and hard
-links, devices and FIFOs, more than 10,000 entries and more than 20 GiB of declared content;
-`tarfile`'s `data` filter then runs as a second line of defence. Everything is written into a
-hidden temporary directory under the cache and renamed into place only when complete, so a
-failure leaves nothing behind. Every failure is a one-line `BundleError` naming the URI.
+links, devices and FIFOs, more than 10,000 entries, more than 20 GiB of declared content, and
+more declared content than the cache's filesystem has free; `tarfile`'s `data` filter then runs
+as a second line of defence. Everything is written into a hidden temporary directory under the
+cache and renamed into place only when complete, so a failed fetch leaves nothing behind. Every
+failure is a one-line `BundleError` naming the URI.
+
+The cache: an extraction is named by what it came from (`bundle-<sha256 of the archive>`,
+`bundle-s3-<sha256 of the listing>`, `bundle-oci-<manifest digest>`), so repeated starts find
+it. `fetch` returns a `Fetched` holding the cache directory's lock; the server verifies the
+bundle, then calls `keep()` (which marks the extraction verified: the next start reuses it, and
+still checks every file's sha256 before loading) or `discard()` (a failed start removes what it
+extracted). An extraction never marked verified is redone. `fetch_bundle` is the plain form:
+fetch, release the lock, return the directory.
 
 Only the standard library is imported here; boto3 is imported when an `s3://` URI is fetched,
 oras when an `oci://` one is.
@@ -31,22 +40,26 @@ oras when an `oci://` one is.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import http.client
 import os
 import re
 import shutil
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from serving.bundle import MANIFEST_NAME, BundleError
+from serving.bundle import MANIFEST_NAME, BundleError, sha256_file
 
 MAX_MEMBERS = 10_000
 MAX_TOTAL_BYTES = 20 * 1024**3
@@ -55,13 +68,52 @@ ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _CHUNK = 1 << 20
+VERIFIED = ".verified"  # `<extraction>.verified`: the server checked every file of it
+SPACE_MARGIN = 64 * 1024**2  # free space kept beyond what a bundle declares
+STALE_STAGING_S = 24 * 3600  # hidden staging directories older than this were left by a killed process
+
+
+@dataclass
+class Fetched:
+    """A fetched bundle: its directory, and the cache entry it lives in (None when used in place).
+
+    Holds the cache directory's lock until `keep`, `discard` or `release`."""
+
+    path: Path
+    extraction: Path | None = None
+    reused: bool = False  # a verified extraction from an earlier start
+    lock: int | None = None
+
+    def keep(self) -> None:
+        """The bundle verified: mark the extraction so later starts reuse it."""
+        if self.extraction is not None:
+            _marker(self.extraction).touch()
+        self.release()
+
+    def discard(self) -> None:
+        """The start failed: remove the extraction (and its mark), whatever it was."""
+        if self.extraction is not None:
+            _marker(self.extraction).unlink(missing_ok=True)
+            shutil.rmtree(self.extraction, ignore_errors=True)
+        self.release()
+
+    def release(self) -> None:
+        if self.lock is not None:
+            os.close(self.lock)  # closing the descriptor drops the flock
+            self.lock = None
 
 
 def fetch_bundle(uri: str, cache_dir: Path) -> Path:
-    """Return a local directory holding the bundle named by `uri` (not yet verified: the caller runs verify_bundle).
+    """Return a local directory holding the bundle named by `uri` (not yet verified: the caller
+    runs verify_bundle). Archives and downloads are extracted under `cache_dir` (see `fetch`)."""
+    fetched = fetch(uri, cache_dir)
+    fetched.release()
+    return fetched.path
 
-    Each call that has to download or extract creates a new directory under `cache_dir`.
-    """
+
+def fetch(uri: str, cache_dir: Path) -> Fetched:
+    """The bundle named by `uri`: a directory in place, or an extraction under `cache_dir`, reused
+    when an earlier start verified it. The caller verifies, then calls `keep` or `discard`."""
     cache_dir = Path(cache_dir)
     match = _SCHEME.match(uri)
     scheme = match.group(1).lower() if match else ""
@@ -71,16 +123,65 @@ def fetch_bundle(uri: str, cache_dir: Path) -> Path:
         if scheme == "file":
             return _fetch_local(_file_uri_path(uri), uri, cache_dir)
         if scheme in ("http", "https"):
-            return _fetch_http(uri, cache_dir)
+            return _locked(cache_dir, lambda: _fetch_http(uri, cache_dir))
         if scheme == "s3":
-            return _fetch_s3(uri, cache_dir)
+            return _locked(cache_dir, lambda: _fetch_s3(uri, cache_dir))
         if scheme == "oci":
-            return _fetch_oci(uri, cache_dir)
+            return _locked(cache_dir, lambda: _fetch_oci(uri, cache_dir))
     except OSError as exc:  # a safety net: the fetchers convert the errors they expect
         raise BundleError(f"cannot fetch {uri}: {_describe(exc)}") from None
     raise BundleError(
         f"unsupported bundle URI scheme {scheme!r} (use a directory, file://, http(s)://, s3:// or oci://): {uri}"
     )
+
+
+def _locked(cache_dir: Path, fetcher: Any) -> Fetched:
+    """Run `fetcher` holding the cache directory's lock (two servers starting on one cache take
+    turns: the second reuses what the first verified); the lock goes to the `Fetched`."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _remove_stale_staging(cache_dir)
+        fetched: Fetched = fetcher()
+    except BaseException:
+        os.close(fd)
+        raise
+    fetched.lock = fd
+    return fetched
+
+
+def _marker(extraction: Path) -> Path:
+    return extraction.with_name(extraction.name + VERIFIED)
+
+
+def _cached(final: Path, uri: str) -> Fetched | None:
+    """A verified extraction at `final`, or None (an unverified one is removed: a failed start's)."""
+    if final.is_dir() and _marker(final).is_file():
+        return Fetched(_bundle_root(final, uri), final, reused=True)
+    _marker(final).unlink(missing_ok=True)
+    shutil.rmtree(final, ignore_errors=True)
+    return None
+
+
+def _remove_stale_staging(cache_dir: Path) -> None:
+    now = time.time()
+    for entry in cache_dir.glob(".*-*"):
+        try:
+            if entry.is_dir() and now - entry.stat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def check_space(cache_dir: Path, needed: int, uri: str) -> None:
+    """Refuse (one line) to write `needed` bytes where fewer are free, with a margin."""
+    free = shutil.disk_usage(cache_dir).free
+    if needed + SPACE_MARGIN > free:
+        raise BundleError(
+            f"not enough space in {cache_dir} for {uri}: {needed / 1024**2:.0f} MiB declared, "
+            f"{free / 1024**2:.0f} MiB free (keeping {SPACE_MARGIN // 1024**2} MiB spare)"
+        )
 
 
 # --- local files --------------------------------------------------------------------------
@@ -93,18 +194,18 @@ def _file_uri_path(uri: str) -> Path:
     return Path(urllib.parse.unquote(parts.path))
 
 
-def _fetch_local(path: Path, uri: str, cache_dir: Path) -> Path:
+def _fetch_local(path: Path, uri: str, cache_dir: Path) -> Fetched:
     if path.is_dir():
-        return path
+        return Fetched(path)
     if path.is_file():
-        return _extract_archive(path, uri, cache_dir)
+        return _locked(cache_dir, lambda: _extract_archive(path, uri, cache_dir))
     raise BundleError(f"bundle not found: {uri}")
 
 
 # --- http(s) ------------------------------------------------------------------------------
 
 
-def _fetch_http(uri: str, cache_dir: Path) -> Path:
+def _fetch_http(uri: str, cache_dir: Path) -> Fetched:
     with _staging_dir(cache_dir, ".download-") as tmp:
         archive = tmp / "bundle.tar"
         _download_url(uri, archive)
@@ -114,6 +215,9 @@ def _fetch_http(uri: str, cache_dir: Path) -> Path:
 def _download_url(uri: str, dest: Path) -> None:
     try:
         with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as response, open(dest, "wb") as out:
+            declared = response.headers.get("Content-Length")
+            if declared is not None and declared.isdigit():
+                check_space(dest.parent, int(declared), uri)
             _copy_limited(response, out, uri)
     except urllib.error.HTTPError as exc:
         exc.close()
@@ -137,7 +241,7 @@ def _copy_limited(src: IO[bytes], dst: IO[bytes], uri: str) -> None:
 # --- s3 -----------------------------------------------------------------------------------
 
 
-def _fetch_s3(uri: str, cache_dir: Path) -> Path:
+def _fetch_s3(uri: str, cache_dir: Path) -> Fetched:
     bucket, key = _parse_s3_uri(uri)
     try:
         import boto3
@@ -176,53 +280,85 @@ def _download_object(client: Any, bucket: str, key: str, dest: Path, uri: str) -
         _copy_limited(body, out, uri)
 
 
-def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Path) -> Path:
+def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Path) -> Fetched:
+    """Every object under the prefix; the cache entry is named by the listing (keys, sizes, ETags)."""
     prefix = key if key == "" or key.endswith("/") else key + "/"
+    objects = []
+    total = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix) :]
+            if rel == "" or rel.endswith("/"):  # the prefix itself, or a "directory" marker
+                continue
+            total += int(obj.get("Size", 0))
+            objects.append((rel, obj))
+            _check_limits(len(objects), total, uri)
+    if not objects:
+        raise BundleError(f"bundle not found: {uri}")
+    listing = "\n".join(
+        f"{rel}\t{obj.get('Size', 0)}\t{obj.get('ETag', '')}" for rel, obj in sorted(objects, key=lambda x: x[0])
+    )
+    final = cache_dir / f"bundle-s3-{hashlib.sha256(listing.encode()).hexdigest()}"
+    cached = _cached(final, uri)
+    if cached is not None:
+        return cached
+    check_space(cache_dir, total, uri)
     with _staging_dir(cache_dir, ".extract-") as staging:
         root = staging.resolve()
-        count = total = 0
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix) :]
-                if rel == "" or rel.endswith("/"):  # the prefix itself, or a "directory" marker
-                    continue
-                count, total = count + 1, total + int(obj.get("Size", 0))
-                _check_limits(count, total, uri)
-                target = _safe_target(rel, root, uri, "s3 prefix")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                _download_object(client, bucket, obj["Key"], target, uri)
-        if count == 0:
-            raise BundleError(f"bundle not found: {uri}")
-        return _publish(staging, uri, cache_dir)
+        for rel, obj in objects:
+            target = _safe_target(rel, root, uri, "s3 prefix")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _download_object(client, bucket, obj["Key"], target, uri)
+        return _publish(staging, uri, final)
 
 
 # --- oci -----------------------------------------------------------------------------------
 
 
-def _fetch_oci(uri: str, cache_dir: Path) -> Path:
-    """Pull an OCI artifact (serving.oci checks the manifest digest when pinned and every layer's digest)."""
-    from serving.oci import pull_bundle
+def _fetch_oci(uri: str, cache_dir: Path) -> Fetched:
+    """Pull an OCI artifact (serving.oci checks the manifest digest when pinned and every layer's
+    digest); the cache entry is named by the manifest digest, so a pinned reference that an
+    earlier start verified is not pulled again."""
+    from serving.oci import OciReference, pull_bundle
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    final = cache_dir / f"bundle-{uuid.uuid4().hex[:16]}"
-    pull_bundle(uri, final)
-    return _bundle_root(final, uri)
+    pinned = OciReference.parse(uri).digest
+    if pinned:
+        cached = _cached(cache_dir / f"bundle-oci-{pinned.removeprefix('sha256:')}", uri)
+        if cached is not None:
+            return cached
+    staging = cache_dir / f".pull-{uuid.uuid4().hex[:16]}"
+    try:
+        reference = pull_bundle(uri, staging)
+        digest = OciReference.parse(reference).digest or f"sha256:{uuid.uuid4().hex}"
+        final = cache_dir / f"bundle-oci-{digest.removeprefix('sha256:')}"
+        cached = _cached(final, uri)
+        if cached is not None:
+            return cached
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Fetched(_bundle_root(final, uri), final)
 
 
 # --- extraction and publishing ------------------------------------------------------------
 
 
-def _extract_archive(archive: Path, uri: str, cache_dir: Path) -> Path:
+def _extract_archive(archive: Path, uri: str, cache_dir: Path) -> Fetched:
+    final = cache_dir / f"bundle-{sha256_file(archive)}"
+    cached = _cached(final, uri)
+    if cached is not None:
+        return cached
     with _staging_dir(cache_dir, ".extract-") as staging:
         try:
             with tarfile.open(archive, "r:*") as tar:
                 members = _checked_members(tar, staging.resolve(), uri)
+                check_space(cache_dir, sum(m.size for m in members), uri)
                 tar.extractall(staging, members=members, filter="data")
         except tarfile.ReadError:
             raise BundleError(f"not a tar archive: {uri}") from None
         except (tarfile.TarError, OSError) as exc:
             raise BundleError(f"cannot extract {uri}: {_describe(exc)}") from None
-        return _publish(staging, uri, cache_dir)
+        return _publish(staging, uri, final)
 
 
 def _checked_members(tar: tarfile.TarFile, root: Path, uri: str) -> list[tarfile.TarInfo]:
@@ -267,13 +403,12 @@ def _bundle_root(staging: Path, uri: str) -> Path:
     raise BundleError(f"not a bundle: {uri} has no {MANIFEST_NAME} at its root or in one top-level directory")
 
 
-def _publish(staging: Path, uri: str, cache_dir: Path) -> Path:
-    """Rename the complete `staging` directory into place; return the bundle directory inside it."""
+def _publish(staging: Path, uri: str, final: Path) -> Fetched:
+    """Rename the complete `staging` directory to `final`; return the bundle inside it."""
     rel = _bundle_root(staging, uri).relative_to(staging)
-    final = cache_dir / f"bundle-{uuid.uuid4().hex[:16]}"
     os.chmod(staging, 0o755)  # mkdtemp makes it 0700: a server running as another user could not read it
     os.rename(staging, final)
-    return final / rel
+    return Fetched(final / rel, final)
 
 
 @contextmanager

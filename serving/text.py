@@ -2,7 +2,10 @@
 
 Tokenization uses Hugging Face `tokenizers` with the bundle's tokenizer.json and settings, so
 the server tokenizes exactly as the parity gate did. Long requests are tokenized off the event
-loop (`encode_async`).
+loop (`encode_async`). Texts are bounded in characters before they are tokenized (a 4 MB text
+would take seconds to tokenize only to be truncated to 256 tokens): with truncation on they are
+cut at `max_chars` (100 characters per token by default, far beyond what `max_tokens` tokens
+span in any real text, so the tokens kept are the same), with it off they are refused (413).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from serving import context
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 
 # Requests whose total text is longer than this are tokenized in a worker thread.
 _INLINE_CHARS = 4096
+# Default character bound per text: this many characters per token of --max-tokens.
+CHARS_PER_TOKEN = 100
 
 
 def default_buckets(max_tokens: int) -> tuple[int, ...]:
@@ -57,12 +63,15 @@ class TextEncoder:
     """`tokenizer_json` is the text of the bundle's tokenizer.json (read and verified by the caller:
     the server tokenizes with exactly the bytes it checked)."""
 
-    def __init__(self, tokenizer_json: str, *, max_tokens: int, truncate: bool, buckets: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer_json: str, *, max_tokens: int, truncate: bool, buckets: Sequence[int], max_chars: int = 0
+    ) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.tokenizer.no_padding()
         self.max_tokens = max_tokens
+        self.max_chars = max_chars or CHARS_PER_TOKEN * max_tokens
         self.truncate = truncate
         if truncate:
             self.tokenizer.enable_truncation(max_tokens)
@@ -86,12 +95,32 @@ class TextEncoder:
             payloads.append(np.asarray(ids, dtype=np.int64))
             buckets.append(self.bucket_of(len(ids)))
             tokens += len(ids)
+        ctx = context.current()
+        if ctx is not None:
+            ctx.tokens += tokens
         return Encoded(payloads=payloads, buckets=buckets, tokens=tokens)
+
+    def bound(self, texts: Sequence[str], where: str = "input") -> Sequence[str]:
+        """Texts within `max_chars`: longer ones cut there (truncation on) or refused (413)."""
+        limit, cut = self.max_chars, None
+        for index, text in enumerate(texts):
+            if len(text) > limit:
+                if not self.truncate:
+                    raise PayloadTooLargeError(
+                        f"{where}[{index}] has {len(text)} characters; the limit is {limit} "
+                        "(this server does not truncate)"
+                    )
+                cut = list(texts) if cut is None else cut
+                cut[index] = text[:limit]
+        return texts if cut is None else cut
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
         """(query, document) pairs as one sequence each, with segment ids; truncation (when on)
         shortens the longer text first, as Hugging Face tokenizers do."""
-        encodings = self.tokenizer.encode_batch(list(pairs))
+        pairs = [
+            (a, b) for a, b in zip(self.bound([p[0] for p in pairs]), self.bound([p[1] for p in pairs]), strict=True)
+        ]
+        encodings = self.tokenizer.encode_batch(pairs)
         checked = self._finish([e.ids for e in encodings])
         payloads = [
             TokenPair(ids=ids, type_ids=np.asarray(e.type_ids, dtype=np.int64))
@@ -102,9 +131,12 @@ class TextEncoder:
     async def encode_pairs_async(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
         if sum(len(a) + len(b) for a, b in pairs) <= _INLINE_CHARS:
             return self.encode_pairs(pairs)
-        return await asyncio.to_thread(self.encode_pairs, pairs)
+        encoded = await asyncio.to_thread(self.encode_pairs, pairs)
+        _check_deadline()
+        return encoded
 
     def encode(self, texts: Sequence[str]) -> Encoded:
+        texts = self.bound(texts)
         if len(texts) == 1:
             return self._finish([self.tokenizer.encode(texts[0]).ids])
         return self._finish([e.ids for e in self.tokenizer.encode_batch(list(texts))])
@@ -113,7 +145,9 @@ class TextEncoder:
         """Tokenize inline when small; in a worker thread when it could block the event loop."""
         if sum(len(t) for t in texts) <= _INLINE_CHARS:
             return self.encode(texts)
-        return await asyncio.to_thread(self.encode, texts)
+        encoded = await asyncio.to_thread(self.encode, texts)
+        _check_deadline()
+        return encoded
 
     def from_ids(self, id_lists: Sequence[Sequence[int]]) -> Encoded:
         """Token-id input (OpenAI allows it): used as given, checked against the vocabulary."""
@@ -126,6 +160,12 @@ class TextEncoder:
                     raise InvalidRequestError(f"input[{index}] has token id {token}, outside 0..{self.vocab_size - 1}")
             checked.append(ids)
         return self._finish(checked)
+
+
+def _check_deadline() -> None:
+    ctx = context.current()
+    if ctx is not None:
+        ctx.check_deadline("while tokenizing")
 
 
 def _token_ids(value: Any) -> bool:

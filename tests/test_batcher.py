@@ -1,4 +1,5 @@
-"""The dynamic batcher with a fake backend: one answer per item, order, buckets, limits, failures."""
+"""The dynamic batcher with a fake backend: one answer per item, order, buckets, limits, failures,
+fairness between requests, deadlines and callers that go away."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.batcher import Batcher, BatchStats
-from serving.errors import DeadlineExceededError, InferenceError, NotReadyError, OverloadedError
+from serving.batcher import Batcher, BatchStats, token_count
+from serving.context import RequestContext, bind, unbind
+from serving.errors import (
+    DeadlineExceededError,
+    InferenceError,
+    NotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+)
 
 
 class RecordingBackend:
@@ -25,9 +33,12 @@ class RecordingBackend:
         self.lock = threading.Lock()
         self.gate = threading.Event()
         self.gate.set()
+        self.stuck = False
 
     def run(self, payloads: Sequence[Any]) -> np.ndarray:
-        self.gate.wait(5)
+        if not self.gate.wait(5):  # the test forgot to open the gate: fail it, do not carry on
+            self.stuck = True
+            raise RuntimeError("the test's gate stayed closed for 5 s")
         with self.lock:
             self.batches.append(list(payloads))
         if self.delay_s:
@@ -47,6 +58,16 @@ async def _with(batcher: Batcher, body: Any) -> Any:
         return await body
     finally:
         await batcher.stop()
+        assert not getattr(batcher.backend, "stuck", False), "a gated backend call timed out"
+
+
+async def _until(condition: Any) -> None:
+    """Let the event loop run until `condition()` holds (bounded: at most 5 s)."""
+    for _ in range(5000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not reached in 5 s")
 
 
 def test_results_come_back_in_order_and_batches_respect_buckets_and_size() -> None:
@@ -78,16 +99,41 @@ def test_a_lone_request_is_dispatched_at_once() -> None:
 
 
 def test_batch_delay_lets_a_batch_fill() -> None:
+    """With a delay, the scheduler holds a lone item until the batch is full (no clock involved:
+    the delay is far longer than the test, and the batch is cut when the third item arrives)."""
     backend = RecordingBackend()
-    batcher = Batcher(backend, max_batch_size=8, max_queue_size=100, workers=1, max_batch_delay_ms=50)
+    batcher = Batcher(backend, max_batch_size=3, max_queue_size=100, workers=1, max_batch_delay_ms=60_000)
 
     async def body() -> None:
         first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
-        await asyncio.sleep(0.005)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert backend.batches == [] and not first.done()  # held, waiting for a fuller batch
         await asyncio.gather(first, batcher.submit([2, 3], [0, 0], 5.0))
 
     run(_with(batcher, body()))
     assert backend.batches == [[1, 2, 3]]
+
+
+def test_batch_delay_expires_on_the_batchers_clock() -> None:
+    """A lone item goes out once max_batch_delay has passed on the batcher's clock (driven here)."""
+    now = [0.0]
+    backend = RecordingBackend()
+    batcher = Batcher(
+        backend, max_batch_size=8, max_queue_size=100, workers=1, max_batch_delay_ms=50, clock=lambda: now[0]
+    )
+
+    async def body() -> None:
+        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert backend.batches == []
+        now[0] = 0.051  # the delay is over: the next wake-up sends the batch as it is
+        await batcher.submit([2], [1], 5.0)
+        await first
+
+    run(_with(batcher, body()))
+    assert [1] in backend.batches
 
 
 def test_full_queue_refuses_whole_requests_with_retry_after() -> None:
@@ -177,3 +223,178 @@ def test_batches_stop_at_their_cost_budget() -> None:
 
     run(_with(batcher, body()))
     assert backend.batches == [[1], [4, 4], [4], [12], [3]]
+
+
+def test_a_request_that_can_never_fit_is_413_not_429() -> None:
+    batcher = Batcher(RecordingBackend(), max_batch_size=8, max_queue_size=4, workers=1)
+
+    async def body() -> None:
+        with pytest.raises(PayloadTooLargeError, match="can never fit the queue of 4 items"):
+            await batcher.submit([1] * 5, [0] * 5, 5.0)
+
+    run(_with(batcher, body()))
+
+
+def test_small_requests_go_ahead_of_a_big_one_queued_before_them() -> None:
+    """Fairness: a 300-item request runs one batch at a time, and a one-item request sent while
+    it runs is in the next batch (before: after all 300, as its items' shared enqueue time was
+    the oldest), in another bucket as in the same one."""
+    backend = RecordingBackend()
+    backend.gate.clear()
+    batcher = Batcher(backend, max_batch_size=32, max_queue_size=1000, workers=1)
+
+    async def body() -> None:
+        big = asyncio.ensure_future(batcher.submit(list(range(1000, 1300)), [256] * 300, 5.0))
+        await _until(lambda: batcher.running == 1)  # its first batch is on the worker
+        other_bucket = asyncio.ensure_future(batcher.submit([1], [16], 5.0))
+        same_bucket = asyncio.ensure_future(batcher.submit([2], [256], 5.0))
+        await asyncio.sleep(0.01)
+        backend.gate.set()
+        await asyncio.gather(big, other_bucket, same_bucket)
+
+    run(_with(batcher, body()))
+    first, second, third = backend.batches[:3]
+    assert first == list(range(1000, 1032))
+    assert second == [1] and third[0] == 2 and len(third) == 32  # the probes go first; then the big one again
+    assert sum(len(b) for b in backend.batches) == 302
+
+
+def test_requests_share_a_bucket_round_robin() -> None:
+    """Within a bucket, a batch takes one item per request per round."""
+    backend = RecordingBackend()
+    backend.gate.clear()
+    batcher = Batcher(backend, max_batch_size=4, max_queue_size=100, workers=1)
+
+    async def body() -> None:
+        held = asyncio.ensure_future(batcher.submit([0], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        a = asyncio.ensure_future(batcher.submit([10, 11, 12, 13, 14], [0] * 5, 5.0))
+        b = asyncio.ensure_future(batcher.submit([20, 21], [0] * 2, 5.0))
+        await asyncio.sleep(0.01)
+        backend.gate.set()
+        await asyncio.gather(held, a, b)
+
+    run(_with(batcher, body()))
+    assert backend.batches[1] == [10, 20, 11, 21] and backend.batches[2] == [12, 13, 14]
+
+
+def test_a_caller_that_goes_away_frees_its_queued_items() -> None:
+    backend = RecordingBackend()
+    backend.gate.clear()
+    batcher = Batcher(backend, max_batch_size=1, max_queue_size=10, workers=1)
+
+    async def body() -> None:
+        held = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        gone = asyncio.ensure_future(batcher.submit([2, 3, 4, 5], [0] * 4, 5.0))
+        await _until(lambda: batcher.depth == 4)
+        gone.cancel()  # what the connection layer does when the client disconnects
+        await asyncio.sleep(0)
+        assert batcher.depth == 0  # the queue has room again at once
+        backend.gate.set()
+        await held
+
+    run(_with(batcher, body()))
+    assert all(p not in (2, 3, 4, 5) for b in backend.batches for p in b)
+
+
+def test_an_expired_request_frees_its_place_in_the_queue() -> None:
+    backend = RecordingBackend()
+    backend.gate.clear()
+    batcher = Batcher(backend, max_batch_size=1, max_queue_size=3, workers=1)
+
+    async def body() -> Any:
+        held = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        with pytest.raises(DeadlineExceededError):
+            await batcher.submit([2, 3, 4], [0] * 3, 0.01)
+        assert batcher.depth == 0
+        later = asyncio.ensure_future(batcher.submit([5, 6, 7], [0] * 3, 5.0))  # fits: not a 429
+        await asyncio.sleep(0)
+        backend.gate.set()
+        return await asyncio.gather(held, later)
+
+    _, later = run(_with(batcher, body()))
+    assert [int(r[0]) for r in later] == [5, 6, 7]
+
+
+def test_the_deadline_counts_from_the_requests_arrival() -> None:
+    """A request context whose deadline already passed (its body and tokenizing took the time) is
+    refused before queueing; one with time left is given only that time."""
+    backend = RecordingBackend(delay_s=0.2)
+    batcher = Batcher(backend, max_batch_size=1, max_queue_size=10, workers=1)
+
+    async def body() -> None:
+        now = time.perf_counter()
+        token = bind(RequestContext(request_id="a", arrival=now - 1.0, deadline=now - 0.5))
+        try:
+            with pytest.raises(DeadlineExceededError, match="before queueing"):
+                await batcher.submit([1], [0], 30.0)
+        finally:
+            unbind(token)
+        first = asyncio.ensure_future(batcher.submit([2], [0], 30.0))
+        await asyncio.sleep(0.01)
+        token = bind(RequestContext(request_id="b", arrival=now, deadline=time.perf_counter() + 0.05))
+        try:
+            with pytest.raises(DeadlineExceededError):
+                await batcher.submit([3], [0], 30.0)  # 30 s asked, 50 ms left of its own deadline
+        finally:
+            unbind(token)
+        await first
+
+    run(_with(batcher, body()))
+    assert [1] not in backend.batches and [3] not in backend.batches
+
+
+def test_timings_reach_the_request_context() -> None:
+    backend = RecordingBackend(delay_s=0.01)
+    batcher = Batcher(backend, max_batch_size=2, max_queue_size=10, workers=1)
+    ctx = RequestContext(request_id="t", arrival=time.perf_counter(), deadline=time.perf_counter() + 5)
+
+    async def body() -> None:
+        token = bind(ctx)
+        try:
+            await batcher.submit([1, 2, 3], [0, 0, 0], 5.0)
+        finally:
+            unbind(token)
+
+    run(_with(batcher, body()))
+    assert ctx.items == 3 and ctx.queue_s is not None and ctx.inference_s is not None
+    assert ctx.inference_s >= 0.02  # two model calls of at least 10 ms
+
+
+def test_only_text_batches_count_tokens() -> None:
+    """An image's len() is its height: image batches must not feed the token and padding metrics."""
+    assert token_count(np.arange(7, dtype=np.int64)) == 7
+    assert token_count(np.zeros((480, 640, 3), dtype=np.uint8)) is None
+    stats: list[BatchStats] = []
+    backend = RecordingBackend()
+    images = [np.zeros((48, 64, 3), dtype=np.uint8), np.zeros((48, 64, 3), dtype=np.uint8)]
+
+    class ImageBackend:
+        def run(self, payloads: Sequence[Any]) -> np.ndarray:
+            backend.batches.append([p.shape for p in payloads])
+            return np.zeros((len(payloads), 2))
+
+    batcher = Batcher(ImageBackend(), max_batch_size=4, max_queue_size=10, workers=1, on_batch=stats.append)
+    run(_with(batcher, batcher.submit(images, [(48, 64)] * 2, 5.0)))
+    assert stats and all(s.real_tokens == 0 and s.padded_tokens == 0 for s in stats)
+    texts = Batcher(RecordingBackend(), max_batch_size=4, max_queue_size=10, workers=1, on_batch=stats.append)
+    ids = [np.arange(3, dtype=np.int64), np.arange(5, dtype=np.int64)]
+
+    class TextBackend:
+        def run(self, payloads: Sequence[Any]) -> np.ndarray:
+            return np.zeros((len(payloads), 2))
+
+    texts.backend = TextBackend()
+    stats.clear()
+    run(_with(texts, texts.submit(ids, [8, 8], 5.0)))
+    assert sum(s.real_tokens for s in stats) == 8 and max(s.padded_tokens for s in stats) >= 8
+
+    from serving.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.observe_batch(
+        BatchStats(bucket=(48, 64), size=2, seconds=0.01, queue_wait=0, real_tokens=0, padded_tokens=0)
+    )
+    assert "ortpack_padding_ratio_count 0.0" in metrics.render().decode()

@@ -24,9 +24,13 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
+    """200 once warm-up is done; 503 again from SIGTERM on, while the server still serves its
+    grace period (`draining`), so endpoints stop routing to it before it stops accepting."""
     service = service_of(request)
+    if service.draining:
+        raise NotReadyError("shutting down")
     if not service.ready:
-        raise NotReadyError("warming up" if not service.draining else "shutting down")
+        raise NotReadyError("warming up")
     return json_response({"ready": True})
 
 

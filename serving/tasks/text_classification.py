@@ -43,6 +43,7 @@ class TextClassificationRuntime:
             max_tokens=max_tokens,
             truncate=config.truncate,
             buckets=config.buckets or default_buckets(max_tokens),
+            max_chars=config.max_text_chars,
         )
         self.output_name = manifest.outputs[0].name
         self.output_dim = int(manifest.outputs[0].shape[-1])

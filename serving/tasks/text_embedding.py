@@ -42,6 +42,7 @@ class TextEmbeddingRuntime:
             max_tokens=max_tokens,
             truncate=config.truncate,
             buckets=config.buckets or default_buckets(max_tokens),
+            max_chars=config.max_text_chars,
         )
         self.output_dim = int(manifest.outputs[0].shape[-1])
         self.backend = _backend(ctx.session, manifest.model_dump())

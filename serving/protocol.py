@@ -1,0 +1,227 @@
+"""The HTTP/1.1 connection: uvicorn's httptools protocol with the limits it lacks.
+
+uvicorn (0.54) bounds none of these for httptools: `h11_max_incomplete_event_size` applies to
+h11 only, httptools accumulates a header of any size (64 MB was accepted) and any number of
+headers (2,000 were), an idle connection that never sends a byte is never closed, a client that
+trickles its headers or body keeps the connection forever, and `limit_concurrency` answers in
+plain text. This subclass adds, per connection:
+
+- `max_header_bytes`: the request line and headers are fed to the parser in pieces and counted;
+  past the limit the answer is 431 and the connection closes (at most `max_header_bytes` + 1
+  bytes of a head are ever buffered);
+- `max_headers`: more header fields get 431;
+- `max_connections`: a connection beyond it is answered 503 and closed at once (the client may
+  see the reset instead if it was still sending);
+- timeouts: a new connection must start a request within `timeout_keep_alive_s` (as an idle
+  keep-alive one already must), a started head must be complete within `header_timeout_s`, and a
+  body within `body_timeout_s` of its headers: else 408 (or a silent close when nothing of a
+  request arrived) and the connection closes;
+- protocol errors (a bad request line, conflicting Content-Length, a NUL in a header) answer 400
+  in the server's one JSON error shape instead of uvicorn's plain text;
+- a client that goes away after sending its request cancels the request's task, so the batcher
+  drops its queued items (the route answers 499 to nobody, counted in metrics);
+- each request's scope carries `ortpack.arrival` (when its first byte was read): the deadline
+  counts from there;
+- while the server drains (after SIGTERM), answers carry `Connection: close`, so clients move to
+  other replicas.
+
+What stays outside the JSON shape: a connection refused by the kernel (backlog full), a reset
+seen by a client that was still writing when its connection was closed, and answers written
+before any request was read (none: the 503 for too many connections is JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+
+log = logging.getLogger("ortpack.serve")
+
+_KINDS = {400: "invalid_request", 408: "request_timeout", 431: "headers_too_large", 503: "overloaded"}
+_REASONS = {400: "bad_request", 408: "slow_client", 431: "headers_too_large", 503: "too_many_connections"}
+
+
+@dataclass(kw_only=True)
+class ConnectionLimits:
+    """The limits every connection enforces, and the server state it reads (draining)."""
+
+    max_connections: int
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
+    body_timeout_s: float
+    keep_alive_s: float
+    draining: bool = False
+    on_reject: Any = None  # callable(reason: str), e.g. a metrics counter
+
+
+def error_bytes(status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+    """A complete HTTP/1.1 answer in the server's JSON error shape, closing the connection."""
+    body = orjson.dumps({"error": {"message": message, "type": _KINDS.get(status, "error"), "code": status}})
+    head = [STATUS_LINE[status], b"content-type: application/json\r\n", b"connection: close\r\n"]
+    head += [name + b": " + value + b"\r\n" for name, value in extra or []]
+    head.append(b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")
+    return b"".join(head) + body
+
+
+def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """The protocol class uvicorn instantiates per connection, bound to `limits`."""
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    limits: ConnectionLimits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # between requests or reading a request line and headers
+        self._head_bytes = 0
+        self._header_count = 0
+        self._refusal: tuple[int, str] | None = None
+        self._closed_by_us = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._arrival = 0.0
+
+    # ---------------------------------------------------------------- connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(
+                503,
+                f"too many connections (limit {self.limits.max_connections}); retry later",
+                [(b"retry-after", b"1")],
+            )
+            return
+        self._arm(self.limits.keep_alive_s, self._on_idle_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started and not cycle.more_body:
+            # The whole request arrived and is being computed: nobody will read the answer.
+            cycle.scope["ortpack.disconnected"] = True  # type: ignore[typeddict-unknown-key]
+            task = getattr(cycle, "ortpack_task", None)
+            if task is not None and not task.done():
+                task.cancel()
+        super().connection_lost(exc)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        log.debug("ignoring an Upgrade request header (this server speaks HTTP/1.1 only)")
+
+    # ---------------------------------------------------------------- reading
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed_by_us or self.parser is None:
+            return
+        self._unset_keepalive_if_required()
+        limit = self.limits.max_header_bytes
+        while data:
+            if self._in_head:
+                room = limit - self._head_bytes + 1  # one byte past the limit tells it was exceeded
+                piece, data = (data, b"") if len(data) <= room else (data[:room], data[room:])
+                self._head_bytes += len(piece)
+            else:
+                piece, data = data, b""
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserUpgrade:
+                self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError as exc:
+                if self._refusal is not None:
+                    self._refuse(*self._refusal)
+                else:
+                    self._refuse(400, f"malformed HTTP request: {str(exc) or type(exc).__name__}")
+                return
+            if self._in_head and self._head_bytes > limit:
+                self._refuse(431, f"request line and headers exceed the {limit}-byte limit")
+                return
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arrival = time.perf_counter()
+        self._header_count = 0
+        self._arm(self.limits.header_timeout_s, self._on_head_timeout)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            self._refusal = (431, f"more than {self.limits.max_headers} header fields")
+            raise ValueError(self._refusal[1])  # stops the parser; data_received answers
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm()
+        self.scope["ortpack.arrival"] = self._arrival  # type: ignore[typeddict-unknown-key]
+        super().on_headers_complete()
+        if self.limits.draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # answer with Connection: close: clients move elsewhere
+        self._arm(self.limits.body_timeout_s, self._on_body_timeout)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+        self._in_head = True
+        self._head_bytes = 0
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
+        cycle.ortpack_task = task  # type: ignore[attr-defined]
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    # ---------------------------------------------------------------- timers
+
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_idle_timeout(self) -> None:
+        self._timer = None  # no request began since the connection opened: close it quietly
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _on_head_timeout(self) -> None:
+        self._timer = None
+        if self._in_head:
+            self._refuse(408, f"request headers not received within {self.limits.header_timeout_s:g} s")
+
+    def _on_body_timeout(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or cycle.response_started:
+            return
+        cycle.scope["ortpack.timed_out"] = True  # type: ignore[typeddict-unknown-key]
+        self._refuse(408, f"request body not received within {self.limits.body_timeout_s:g} s")
+        cycle.disconnected = True
+        cycle.message_event.set()  # the route's body read sees the disconnect and stops
+
+    # ---------------------------------------------------------------- answers
+
+    def _refuse(self, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Answer `status` in the JSON error shape (unless an answer is under way) and close."""
+        if self._closed_by_us:
+            return
+        self._closed_by_us = True
+        self._disarm()
+        if self.limits.on_reject is not None:
+            self.limits.on_reject(_REASONS.get(status, "bad_request"))
+        if not self.transport.is_closing():
+            if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+                self.transport.write(error_bytes(status, message, extra))
+            self.transport.close()

@@ -1,0 +1,118 @@
+"""The OpenAPI document each task's server registers, as golden files (tests/golden/openapi-<task>.json):
+`python -m tests.openapi_golden` rewrites them; tests/test_routes.py checks them.
+
+Each document comes from the task's real runtime (its routes and schemas) opened on a synthetic
+manifest with a tiny tokenizer and no model session: routes and schemas do not depend on weights.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+
+_VARIANT = {
+    "id": "cpu-fp32",
+    "target": "cpu",
+    "execution_providers": ["CPUExecutionProvider"],
+    "precision": "fp32",
+    "file": "variants/cpu-fp32/model.onnx",
+    "ort_version": "1.0",
+    "opset": 17,
+    "offline_optimization_level": "extended",
+    "parity": {"passed": True, "validated_on": "CPUExecutionProvider", "samples": 1, "thresholds": {}, "values": {}},
+}
+_TEXT_INPUTS = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
+_TOKENIZER = {"file": "tokenizer.json", "max_length": 16, "pad_token_id": 0, "model_input_names": ["input_ids"]}
+
+# document name -> manifest fields (beyond the common ones)
+CASES: dict[str, dict[str, Any]] = {
+    "text-embedding": {
+        "task": "text-embedding",
+        "inputs": _TEXT_INPUTS,
+        "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
+        "tokenizer": _TOKENIZER,
+        "pooling": {"mode": "mean", "normalize": True},
+    },
+    "image-classification": {
+        "task": "image-classification",
+        "inputs": [{"name": "images", "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
+        "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", 3]}],
+        "preprocessing": {"resize_size": 32, "crop_size": 24, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+        "labels": ["a", "b", "c"],
+    },
+    "text-classification": {
+        "task": "text-classification",
+        "inputs": _TEXT_INPUTS,
+        "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", 3]}],
+        "tokenizer": _TOKENIZER,
+        "classification": {"activation": "softmax", "pairs": False},
+        "labels": ["a", "b", "c"],
+    },
+    "text-classification-rerank": {
+        "task": "text-classification",
+        "inputs": _TEXT_INPUTS,
+        "outputs": [{"name": "scores", "dtype": "float32", "shape": ["batch", 1]}],
+        "tokenizer": _TOKENIZER,
+        "classification": {"activation": "none", "pairs": True},
+    },
+}
+
+
+def _tokenizer_json() -> bytes:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "hello": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer.to_str().encode()
+
+
+def document(case: str) -> dict[str, Any]:
+    from serving.app import openapi_for
+    from serving.bundle import Manifest
+    from serving.config import ServeConfig
+    from serving.tasks import LoadContext, get_task
+
+    fields = {
+        "schema_version": 2,
+        "name": "model",
+        "version": "1",
+        "source": {"kind": "huggingface", "id": "model"},
+        "variants": [_VARIANT],
+        "created_at": "2026-01-01T00:00:00Z",
+        **CASES[case],
+    }
+    manifest = Manifest.model_validate(fields)
+    context = LoadContext(
+        manifest=manifest,
+        variant=manifest.variants[0],
+        session=None,  # routes and schemas do not need the model
+        files={"tokenizer.json": _tokenizer_json()},
+        config=ServeConfig(bundle="golden"),
+    )
+    runtime = get_task(manifest.task).open(context)
+    return openapi_for(runtime, manifest.name)
+
+
+def path_of(case: str) -> Path:
+    return GOLDEN / f"openapi-{case}.json"
+
+
+def render(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for case in CASES:
+        path_of(case).write_text(render(document(case)))
+        print(f"wrote {path_of(case).relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
