@@ -181,12 +181,12 @@ def write_bodies(directory: Path, model: str) -> dict[int, Path]:
 
 @contextlib.contextmanager
 def started_server(
-    name: str, command: list[str], env: dict[str, str], port: int
+    name: str, command: list[str], env: dict[str, str], port: int, cwd: Path = ROOT
 ) -> Iterator[tuple[str, psutil.Process, float]]:
     """Start a server (its output discarded), wait for readiness; yield (url, process, cold start)."""
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        command, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         cold = wait_ready(url, proc)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from serving.bundle import BundleError, verify_bundle, write_bundle
-from serving.sources import MAX_MEMBERS, fetch_bundle
+from serving.sources import MAX_MEMBERS, fetch, fetch_bundle
 from tests.models import minimal_manifest
 
 
@@ -108,6 +108,61 @@ def test_tar_without_manifest(tmp_path: Path, cache: Path) -> None:
 def test_unsupported_scheme(cache: Path) -> None:
     with pytest.raises(BundleError, match=r"^unsupported bundle URI scheme 'ftp' \(use a directory"):
         fetch_bundle("ftp://example.com/b.tar", cache)
+
+
+# --- the cache: one verified extraction per archive digest --------------------------------
+
+
+def test_a_verified_extraction_is_reused_and_an_unverified_one_redone(
+    bundle: Path, tmp_path: Path, cache: Path
+) -> None:
+    archive = _tar(bundle, tmp_path / "bundle.tar", "demo-3")
+    first = fetch(str(archive), cache)
+    assert first.extraction is not None and not first.reused
+    assert first.extraction.name.startswith("bundle-") and len(first.extraction.name) == len("bundle-") + 64
+    first.release()  # not verified: the next fetch does not trust it
+    (first.path / "tokenizer.json").write_text("tampered")
+    again = fetch(str(archive), cache)
+    assert not again.reused and (again.path / "tokenizer.json").read_text() == "{}"  # extracted anew
+    again.keep()  # verified by the server
+    reused = fetch(str(archive), cache)
+    reused.release()
+    assert reused.reused and reused.path == again.path
+    assert _leftovers(cache) == [again.extraction.name, again.extraction.name + ".verified"]  # type: ignore[union-attr]
+    other = _tar(bundle, tmp_path / "other.tar")  # other bytes, another entry
+    fetch(str(other), cache).discard()
+    assert len(_leftovers(cache)) == 2
+
+
+def test_discard_removes_the_extraction_and_its_mark(bundle: Path, tmp_path: Path, cache: Path) -> None:
+    archive = _tar(bundle, tmp_path / "bundle.tar")
+    fetched = fetch(str(archive), cache)
+    fetched.keep()
+    fetched = fetch(str(archive), cache)
+    fetched.discard()  # e.g. a reused copy failed its checksums: a failed start leaves nothing
+    assert _leftovers(cache) == []
+    directory = fetch(str(bundle), cache)
+    directory.discard()  # a directory used in place is never removed
+    assert directory.path == bundle and (bundle / "manifest.json").is_file()
+
+
+def test_not_enough_space_is_refused_before_extracting(
+    bundle: Path, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filesystem's free space (faked here: a nearly full disk) against what the archive declares."""
+    import shutil
+    from collections import namedtuple
+
+    archive = tmp_path / "big.tar"
+    with tarfile.open(archive, "w") as tar:
+        _add_bytes(tar, "manifest.json", b"{}")
+        _add_bytes(tar, "blob.bin", b"\0" * (2 * 1024 * 1024))
+    usage = namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(real(path).total, 0, 65 * 1024**2))
+    with pytest.raises(BundleError, match="^not enough space in .* 2 MiB declared, 65 MiB free"):
+        fetch_bundle(str(archive), cache)
+    assert _leftovers(cache) == []
 
 
 # --- hostile archives ---------------------------------------------------------------------
