@@ -200,3 +200,29 @@ def test_api_key_from_a_file(tiny_bundle: Path, tmp_path: Path) -> None:
         ok = httpx.post(f"{s.url}/v1/embeddings", json={"input": "x"}, headers={"Authorization": "bearer s3cret"})
         assert ok.status_code == 200
         assert httpx.post(f"{s.url}/v1/embeddings", json={"input": "x"}).status_code == 401
+
+
+def test_sigterm_with_slow_body_clients_answers_them_in_json_and_exits(tiny_bundle: Path, tmp_path: Path) -> None:
+    """Slow-body connections do not hold the drain past --body-timeout-s, and get a JSON 408
+    (before: 35 s, then plain-text 500s with tracebacks)."""
+    from tests.test_hardening import parse, read_to_close
+
+    with running_server(tiny_bundle, "--body-timeout-s", "2", log_dir=tmp_path) as s:
+        port = int(s.url.rsplit(":", 1)[1])
+        slow = []
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=15)
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            slow.append(sock)
+        time.sleep(0.2)
+        s.process.send_signal(signal.SIGTERM)
+        answers = [read_to_close(sock, 15) for sock in slow]
+        for sock in slow:
+            sock.close()
+        code = s.process.wait(15)
+    assert code == 0
+    for answer in answers:
+        status, headers, body = parse(answer)
+        assert status == 408 and headers["content-type"] == "application/json", answer[:200]
+        assert body["error"]["type"] == "request_timeout"  # type: ignore[index]
+    assert "Traceback" not in s.output()
