@@ -6,7 +6,7 @@ from kfp.dsl import Dataset, Input, Metrics, Model, Output
 from components.images import COMPONENT_IMAGE
 
 
-@dsl.component(base_image=COMPONENT_IMAGE)
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def benchmark_variant(
     exported: Input[Model],
     variant: Input[Model],
@@ -32,24 +32,11 @@ def benchmark_variant(
     """
     from pathlib import Path
 
-    from components.core.artifacts import BenchmarkResult, ParityReport, gather_variant
-    from components.core.benchmark import benchmark_variant as run_benchmark
+    from components.core.build import run_benchmark_step
     from components.core.logs import log_to_stdout
 
     log_to_stdout()
-    out = gather_variant(Path(variant.path), Path(report.path), Path(measured.path))
-    parity = ParityReport.load(out)
-    if not parity.passed:
-        BenchmarkResult(
-            variant_id=parity.variant_id,
-            execution_providers=[],
-            shapes={},
-            speedup_vs_torch={},
-            skipped="missed its parity gate",
-        ).save(out)
-        print(f"benchmark {parity.variant_id}: skipped (missed its parity gate)")
-        return
-    result = run_benchmark(out, Path(exported.path))
-    for key, value in result.metrics().items():
+    out = run_benchmark_step(Path(exported.path), Path(variant.path), Path(report.path), Path(measured.path))
+    for key, value in out.metrics.items():
         metrics.log_metric(key, value)
-    measured.metadata.update({"variant_id": result.variant_id, "passed": True})
+    measured.metadata.update(out.metadata)

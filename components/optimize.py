@@ -6,7 +6,7 @@ from kfp.dsl import Input, Metrics, Model, Output
 from components.images import COMPONENT_IMAGE
 
 
-@dsl.component(base_image=COMPONENT_IMAGE)
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def optimize_variant(
     exported: Input[Model],
     target: str,
@@ -29,22 +29,11 @@ def optimize_variant(
     """
     from pathlib import Path
 
+    from components.core.build import run_optimize_step
     from components.core.logs import log_to_stdout
-    from components.core.optimize import optimize_model
-    from components.core.specs import VariantSpec
 
     log_to_stdout()
-    spec = VariantSpec(target=target, precision=precision)
-    result = optimize_model(Path(exported.path), spec, Path(variant.path))
-    for key in ("nodes_before", "nodes_after", "mb", "seconds"):
-        metrics.log_metric(f"optimize.{key}", float(result.metrics[key]))
-    for op, count in result.metrics["fusions"].items():
-        metrics.log_metric(f"optimize.fusions.{op}", float(count))
-    variant.metadata.update(
-        {
-            "variant_id": result.variant_id,
-            "execution_providers": result.execution_providers,
-            "ort_version": result.ort_version,
-            "offline_optimization_level": result.offline_optimization_level,
-        }
-    )
+    out = run_optimize_step(Path(exported.path), Path(variant.path), target=target, precision=precision)
+    for key, value in out.metrics.items():
+        metrics.log_metric(key, value)
+    variant.metadata.update(out.metadata)

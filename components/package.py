@@ -1,59 +1,112 @@
-"""KFP component: the bundle of every variant that passed, and the report."""
+"""KFP components: the bundle of every variant that passed and the report; the gate that fails
+the run when none passed; publishing the bundle."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import COMPONENT_IMAGE
 
 
-@dsl.component(base_image=COMPONENT_IMAGE)
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def package_bundle(
     exported: Input[Model],
     version: str,
+    run_id: str,
+    sign_key: str,
     bundle: Output[Model],
     report: Output[HTML],
     summary: Output[Markdown],
+    verdict: Output[Dataset],
     metrics: Output[Metrics],
     cpu_variants: Input[list[Model]] = None,
     cuda_variants: Input[list[Model]] = None,
-) -> None:
-    """Write the bundle (model.onnx per passing variant, tokenizer, manifest.json, report.html).
+) -> str:
+    """Write the report, the bundle (model.onnx per passing variant, tokenizer, manifest.json,
+    report.html; signed when given a key) and the verdict.
 
-    The report, summary and metrics are written first, so a run where no variant passed still
-    shows why; then the step fails when no variant passed.
+    This step does not fail when no variant passed: a failed step's outputs are not kept on a
+    Kubeflow backend, so the verdict, report, summary and metrics are written and the gate step
+    after it fails the run.
 
     Args:
         exported: The export step's directory.
-        version: The bundle version written to the manifest.
-        bundle: The bundle directory.
+        version: The bundle version; empty for one unique per run (UTC time and run id).
+        run_id: The run's id (the bundle version when none is given).
+        sign_key: Path of an EC private key (PEM) to sign the bundle with; empty: unsigned.
+        bundle: The bundle directory (absent when no variant passed).
         report: report.html: latency, agreement and size plots, the numbers, the versions.
         summary: A Markdown table of every variant.
+        verdict: verdict.json: passed, every variant's misses, the version, manifest sha256.
         metrics: variants.built, variants.passed, bundle.mb, and <variant>.<metric> per variant.
         cpu_variants: Every cpu branch's measured variant.
         cuda_variants: Every cuda branch's measured variant.
+
+    Returns:
+        The bundle artifact's URI.
     """
     from pathlib import Path
 
-    from components.core.artifacts import VariantRecord
+    from components.core.build import run_package_step
     from components.core.logs import log_to_stdout
-    from components.core.package import package_bundle as write_bundle
-    from components.core.report import write_report
 
     log_to_stdout()
-    dirs = [Path(v.path) for v in [*(cpu_variants or []), *(cuda_variants or [])]]
-    records = sorted((VariantRecord.load(d) for d in dirs), key=lambda r: r.variant_id)
-    write_report(Path(exported.path), records, Path(report.path), Path(summary.path))
-    metrics.log_metric("variants.built", float(len(records)))
-    metrics.log_metric("variants.passed", float(sum(r.passed for r in records)))
-    for rec in records:
-        for key, value in rec.parity.metrics().items():
-            metrics.log_metric(f"{rec.variant_id}.{key}", value)
-        for key, value in (rec.benchmark.metrics() if rec.benchmark else {}).items():
-            metrics.log_metric(f"{rec.variant_id}.{key}", value)
-    manifest = write_bundle(
-        Path(exported.path), records, Path(bundle.path), version=version, report_html=Path(report.path)
+    out = run_package_step(
+        Path(exported.path),
+        [Path(v.path) for v in [*(cpu_variants or []), *(cuda_variants or [])]],
+        bundle_dir=Path(bundle.path),
+        report_html=Path(report.path),
+        summary_md=Path(summary.path),
+        verdict_dir=Path(verdict.path),
+        version=version,
+        run_id=run_id,
+        sign_key=sign_key,
     )
-    metrics.log_metric("bundle.mb", sum(f.bytes for f in manifest.files.values()) / 1e6)
-    bundle.metadata.update(
-        {"name": manifest.name, "version": manifest.version, "variants": [v.id for v in manifest.variants]}
-    )
+    for key, value in out.metrics.items():
+        metrics.log_metric(key, value)
+    bundle.metadata.update(out.metadata)
+    verdict.metadata.update({"passed": out.passed})
+    print(f"bundle: {bundle.uri}")
+    return bundle.uri
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def check_gate(verdict: Input[Dataset]) -> str:
+    """Fail the run, with the one-line reason, when the package step's verdict says that no
+    variant passed its parity gate.
+
+    Args:
+        verdict: The package step's verdict.
+
+    Returns:
+        The bundle's version.
+    """
+    from pathlib import Path
+
+    from components.core.build import run_gate_step
+    from components.core.logs import log_to_stdout
+
+    log_to_stdout()
+    return run_gate_step(Path(verdict.path))
+
+
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
+def publish_bundle(bundle: Input[Model], publish_to: str) -> str:
+    """Publish the bundle: push it to an OCI registry (oci://HOST/REPO[:TAG], the tag defaulting to
+    the version) or upload it as a tar to S3 (s3://BUCKET/PREFIX/ or minio://).
+
+    Args:
+        bundle: The package step's bundle.
+        publish_to: Where to publish.
+
+    Returns:
+        The pinned URI: oci://HOST/REPO@sha256:..., or s3://BUCKET/PREFIX/NAME-VERSION.tar.
+    """
+    from pathlib import Path
+
+    from components.core.build import run_publish_step
+    from components.core.logs import log_to_stdout
+
+    log_to_stdout()
+    pinned = run_publish_step(Path(bundle.path), publish_to)
+    print(f"published: {pinned}")
+    return pinned

@@ -6,7 +6,7 @@ from kfp.dsl import Dataset, Input, Metrics, Model, Output
 from components.images import COMPONENT_IMAGE
 
 
-@dsl.component(base_image=COMPONENT_IMAGE)
+@dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def validate_variant(
     exported: Input[Model],
     variant: Input[Model],
@@ -20,7 +20,7 @@ def validate_variant(
     """Compare one variant with the PyTorch reference outputs and apply its parity gate.
 
     Every number is logged before the verdict. In the pipeline the verdict is returned, so one
-    variant's miss does not stop the others (the package step fails the run when none passed);
+    variant's miss does not stop the others (the gate step fails the run when none passed);
     with fail_on_miss the step itself fails on a miss.
 
     Args:
@@ -41,26 +41,19 @@ def validate_variant(
     """
     from pathlib import Path
 
-    from components.core.artifacts import ExportResult, OptimizeResult
+    from components.core.build import run_validate_step
     from components.core.logs import log_to_stdout
-    from components.core.parity import validate_variant as run_validate
-    from components.core.specs import thresholds_for
 
     log_to_stdout()
-    built = OptimizeResult.load(Path(variant.path))
-    task = ExportResult.load(Path(exported.path)).task
-    Path(report.path).mkdir(parents=True, exist_ok=True)
-    parity = run_validate(
-        Path(variant.path),
+    out = run_validate_step(
         Path(exported.path),
-        thresholds_for(task, built.precision, thresholds),
-        out_dir=Path(report.path),
+        Path(variant.path),
+        Path(report.path),
+        threshold_overrides=thresholds,
         allow_off_target=allow_off_target_validation,
+        fail_on_miss=fail_on_miss,
     )
-    for key, value in parity.metrics().items():
+    for key, value in out.metrics.items():
         metrics.log_metric(key, value)
-    report.metadata.update({"variant_id": parity.variant_id, "passed": parity.passed, "misses": parity.misses})
-    print(f"parity {parity.summary()}")
-    if fail_on_miss:
-        parity.raise_if_failed()
-    return parity.passed
+    report.metadata.update(out.metadata)
+    return out.passed

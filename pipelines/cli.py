@@ -8,22 +8,30 @@ failure prints one line `ortpack: error: ...` and exits non-zero:
     2  bad input: options, paths, models, bundles
     3  this environment cannot do it (a missing provider, a full disk, ...)
    70  an internal error (a bug: run again with --debug for the traceback)
-  130  interrupted
+  130  interrupted (SIGINT); 143 terminated (SIGTERM), after the same clean-up
+
+`--debug` prints the traceback too and keeps the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from components.core.errors import one_line
 
 EXIT_GATE, EXIT_INPUT, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPT = 1, 2, 3, 70, 130
+DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"  # pipelines.submit.DEFAULT_PIPELINE_ROOT
 
 log = logging.getLogger("ortpack")
 
@@ -61,26 +69,39 @@ def _floats3(value: str) -> tuple[float, float, float]:
     return numbers  # type: ignore[return-value]
 
 
-def export_spec(args: argparse.Namespace, source: str, default_name: str, local_files: bool = True) -> Any:
-    """The ExportSpec of a command's model options (validated: bad values fail here, before work).
-    With `local_files`, --weights and --labels must exist here; a submitted run reads them in the
-    cluster's component image instead."""
-    from components.core.sources import check_local_file
-    from components.core.specs import ExportSpec
+MODEL_OPTIONS = (
+    "task",
+    "name",
+    "max_length",
+    "weights",
+    "labels",
+    "resize_size",
+    "crop_size",
+    "mean",
+    "std",
+    "allow_degenerate_reference",
+)
 
-    return ExportSpec(
-        source=source,
-        task=args.task,
-        name=args.name or default_name,
-        max_length=args.max_length,
-        weights=check_local_file(args.weights, "weights") if local_files else args.weights,
-        labels=check_local_file(args.labels, "labels") if local_files else args.labels,
-        resize_size=args.resize_size,
-        crop_size=args.crop_size,
-        mean=args.mean,
-        std=args.std,
-        allow_degenerate_reference=args.allow_degenerate_reference,
-    )
+
+def _model_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The export parameters of a command's model options (components.core.build: one mapping
+    from options to specs, shared with the pipeline's export step)."""
+    from components.core.build import export_parameters
+
+    return export_parameters(**{k: getattr(args, k) for k in MODEL_OPTIONS})
+
+
+def export_spec(args: argparse.Namespace) -> Any:
+    """The ExportSpec of a command's model options, for a model and files on this machine
+    (validated: bad values fail here, before work)."""
+    from components.core.build import export_spec_from_parameters
+    from components.core.sources import check_local_file, resolve_model_source
+
+    params = _model_parameters(args)
+    params["weights"] = check_local_file(args.weights, "weights") or ""
+    params["labels"] = check_local_file(args.labels, "labels") or ""
+    source, default_name = resolve_model_source(args.model, args.task)
+    return export_spec_from_parameters(params, source=source, default_name=default_name)
 
 
 def _csv(value: str) -> list[str]:
@@ -92,75 +113,145 @@ def _csv(value: str) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from components.core.build import build_bundle
+    from components.core.build import build_bundle, resolve_version
     from components.core.report import format_summary
-    from components.core.sources import resolve_model_source
-    from components.core.specs import BuildSpec, parse_threshold_overrides, variant_grid
+    from components.core.specs import BuildSpec, variant_grid
 
-    source, default_name = resolve_model_source(args.model, args.task)
     spec = BuildSpec(
-        export=export_spec(args, source, default_name),
+        export=export_spec(args),
         variants=tuple(variant_grid(_csv(args.targets), _csv(args.precisions))),
-        threshold_overrides=parse_threshold_overrides(args.threshold),
-        version=args.version,
+        threshold_overrides=_overrides(args),
+        version=resolve_version(args.version or "", uuid.uuid4().hex),
         allow_off_target_validation=args.allow_off_target_validation,
     )
     result = build_bundle(
         spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
     )
     print(format_summary(result.export, result.records))
-    print(f"bundle: {args.out} ({', '.join(v.id for v in result.manifest.variants)})")
+    print(f"bundle: {args.out} ({', '.join(v.id for v in result.manifest.variants)}), version {spec.version}")
     return 0
 
 
-def _pipeline_arguments(args: argparse.Namespace, *, local_model: bool) -> tuple[list[str], dict[str, Any], str]:
+def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[str], dict[str, Any], str]:
     """Validate the pipeline options before anything heavy; return (targets, arguments, name).
 
-    `local_model` checks that the model exists here (`run`); a submitted run resolves the model
-    inside the cluster's component image instead.
-    """
+    A model URI is checked for form here and fetched by the export step. `local` (`run`) checks
+    that a model path and --weights/--labels paths exist here; a submitted run reads them in the
+    cluster's component image (or a mounted volume) instead."""
+    from components.core.build import resolve_version
     from components.core.errors import InvalidSpecError
-    from components.core.sources import resolve_model_source
-    from components.core.specs import BuildSpec, parse_threshold_overrides, variant_grid
+    from components.core.sources import check_local_file, check_uri, default_name, is_remote, resolve_model_source
 
-    if local_model:
-        source, default_name = resolve_model_source(args.model, args.task)
-        spec = export_spec(args, source, default_name)  # --weights and --labels must exist here
-    elif not args.model.strip():
+    model = args.model.strip()
+    if not model:
         raise InvalidSpecError("--model is empty")
+    params = _model_parameters(args)
+    for key in ("weights", "labels"):
+        value = getattr(args, key)
+        if value and is_remote(value):
+            check_uri(value)
+        elif value and local:
+            params[key] = check_local_file(value, key) or ""
+    if is_remote(model):
+        check_uri(model)
+        source, name = model, default_name(model)
+    elif local:
+        source, name = resolve_model_source(model, args.task)  # the model must exist here
+        if Path(model).expanduser().exists():
+            model = str(Path(model).expanduser().resolve())  # steps may run in another directory
     else:
-        spec = export_spec(args, args.model, Path(args.model.rstrip("/")).name, local_files=False)
-    variants = variant_grid(_csv(args.targets), _csv(args.precisions))
-    overrides = parse_threshold_overrides(args.threshold)
-    name = spec.name
-    # validates the task, name, max length and every threshold override
-    BuildSpec(export=spec, variants=tuple(variants), threshold_overrides=overrides, version=args.version)
-    targets = list(dict.fromkeys(v.target for v in variants))
-    arguments: dict[str, Any] = {
-        "model": args.model,
-        "task": args.task,
-        "name": name,
-        "max_length": args.max_length or 0,
-        "weights": spec.weights or "",
-        "labels": spec.labels or "",
-        "preprocessing": {
-            k: v
-            for k, v in (
-                ("resize_size", spec.resize_size),
-                ("crop_size", spec.crop_size),
-                ("mean", list(spec.mean or [])),
-                ("std", list(spec.std or [])),
-            )
-            if v
-        },
-        "thresholds": overrides,
-        "version": args.version,
-        "allow_degenerate_reference": spec.allow_degenerate_reference,
-        "allow_off_target_validation": args.allow_off_target_validation,
-    }
-    for target in targets:
+        check_uri(model)
+        source, name = model, default_name(model)
+    arguments: dict[str, Any] = {"model_uri": model, **params}
+    arguments.update(
+        thresholds=_overrides(args),
+        version=resolve_version(args.version or "", uuid.uuid4().hex),
+        allow_off_target_validation=args.allow_off_target_validation,
+        publish_to=(args.publish_to or "").strip(),
+    )
+    targets = _validate_arguments(
+        arguments, source=source, default_name=name, targets=_csv(args.targets), precisions=_csv(args.precisions)
+    )
+    return targets, arguments, str(arguments["name"])
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    from components.core.specs import parse_threshold_overrides
+
+    return parse_threshold_overrides(args.threshold)
+
+
+def _validate_arguments(
+    arguments: dict[str, Any], *, source: str, default_name: str, targets: list[str], precisions: list[str]
+) -> list[str]:
+    """Check pipeline arguments as the steps will read them (the export spec, every variant's
+    gate, the publish destination); fill in the name and the per-target precisions; return the
+    targets in use."""
+    from components.core.build import export_spec_from_parameters
+    from components.core.errors import InvalidSpecError
+    from components.core.specs import BuildSpec, variant_grid
+
+    spec = export_spec_from_parameters(arguments, source=source, default_name=default_name)
+    variants = variant_grid(targets, precisions)
+    BuildSpec(export=spec, variants=tuple(variants), threshold_overrides=arguments.get("thresholds") or {})
+    arguments["name"] = spec.name
+    in_use = list(dict.fromkeys(v.target for v in variants))
+    for target in in_use:
         arguments[f"{target}_precisions"] = [v.precision for v in variants if v.target == target]
-    return targets, arguments, name
+    publish_to = arguments.get("publish_to") or ""
+    if publish_to:
+        from components.core.sources import uri_scheme
+
+        scheme = uri_scheme(publish_to)
+        if scheme not in ("oci", "s3", "minio"):
+            raise InvalidSpecError(
+                f"--publish-to takes oci://HOST/REPO[:TAG] or s3://BUCKET/PREFIX/ (or minio://): {publish_to}"
+            )
+        if scheme == "oci":
+            from serving.oci import OciReference
+
+            ref = OciReference.parse(publish_to)
+            if ref.digest:
+                raise InvalidSpecError(f"--publish-to names a digest; give a repository or a tag: {publish_to}")
+            if not ref.tag:
+                OciReference.parse(f"{publish_to}:{arguments['version']}")  # the version must be a valid tag
+    return in_use
+
+
+def _graph_options(args: argparse.Namespace, targets: list[str]) -> Any:
+    """What shapes the compiled YAML, from the options (and ORTPACK_COMPONENT_IMAGE /
+    ORTPACK_GPU_COMPONENT_IMAGE): `compile` and `submit` build the same YAML from the same options."""
+    from components.core.errors import InvalidSpecError
+    from components.images import GPU_IMAGE_ENV, IMAGE_ENV, check_image, gpu_image_for
+    from pipelines.golden import GraphOptions
+
+    image = args.component_image or os.environ.get(IMAGE_ENV) or None
+    gpu_image = args.gpu_component_image or os.environ.get(GPU_IMAGE_ENV) or None
+    try:
+        image = check_image(image) if image else None
+        if gpu_image:
+            gpu_image = check_image(gpu_image)
+        elif image and "cuda" in targets:
+            gpu_image = gpu_image_for(image)
+    except ValueError as exc:
+        raise InvalidSpecError(str(exc)) from None
+    if args.gpu_timeout <= 0:
+        raise InvalidSpecError(f"--gpu-timeout must be > 0 seconds, got {args.gpu_timeout}")
+    return GraphOptions(
+        targets=tuple(targets),
+        image=image,
+        gpu_image=gpu_image,
+        model_pvc=args.model_pvc or None,
+        gpu_timeout_s=args.gpu_timeout,
+    )
+
+
+def _print_published(run_dir: Path) -> None:
+    from pipelines.local import published_uri
+
+    uri = published_uri(run_dir)
+    if uri:
+        print(f"published: {uri}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -169,16 +260,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local import load_run_records, run_pipeline_locally
     from pipelines.package_model import make_pipeline
 
-    targets, arguments, name = _pipeline_arguments(args, local_model=True)
-    if not args.model.startswith("/") and Path(args.model).exists():
-        arguments["model"] = str(Path(args.model).resolve())  # steps may run in another directory
+    targets, arguments, name = _pipeline_arguments(args, local=True)
+    if args.sign_key:
+        key = Path(args.sign_key).expanduser()
+        if not key.is_file():
+            raise InvalidSpecError(f"signing key not found: {args.sign_key}")
+        arguments["sign_key"] = str(key.resolve())
     out = Path(args.out or Path("dist") / name)
     if out.exists() and not args.force:
         raise InvalidSpecError(f"output directory exists: {out} (use --force to replace it, or --out)")
     log.info(
-        "running the %s pipeline locally (kfp.local) for %s: %s",
+        "running the %s pipeline locally (kfp.local) for %s %s: %s",
         "package-model",
         name,
+        arguments["version"],
         ", ".join(f"{t} {'/'.join(arguments[f'{t}_precisions'])}" for t in targets),
     )
     result = run_pipeline_locally(
@@ -193,47 +288,111 @@ def cmd_run(args: argparse.Namespace) -> int:
     export, records = load_run_records(result.run_dir)
     print(format_summary(export, records))
     print(f"bundle: {out} ({', '.join(r.variant_id for r in records if r.passed)}), report: {out / 'report.html'}")
+    _print_published(result.run_dir)
     print(f"run: {result.run_dir} (log: {result.log_file})")
     return 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from components.core.specs import get_target
     from pipelines.golden import compile_pipeline
 
-    targets = tuple(_csv(args.targets))
-    from components.core.specs import get_target
-
+    targets = _csv(args.targets)
     for t in targets:
         get_target(t)
-    compile_pipeline(Path(args.out), targets)
+    compile_pipeline(Path(args.out), _graph_options(args, targets))
     print(args.out)
     return 0
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    from pipelines.package_model import make_pipeline
-    from pipelines.submit import submit_run
+def _read_params(path: str) -> dict[str, Any]:
+    import yaml
 
-    targets, arguments, name = _pipeline_arguments(args, local_model=False)
-    run = submit_run(
-        make_pipeline(targets, parallelism=1),
-        arguments,
-        host=args.host,
-        experiment=args.experiment,
-        run_name=args.run_name or f"{name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        namespace=args.namespace,
-        token=os.environ.get(args.token_env) or None,
+    from components.core.errors import InvalidSpecError
+
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidSpecError(f"cannot read --params {path}: {one_line(exc, 200)}") from None
+    if not isinstance(loaded, dict):
+        raise InvalidSpecError(f"--params {path} must be a mapping of pipeline parameters")
+    return loaded
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from components.core.errors import InvalidSpecError
+    from pipelines.golden import compile_pipeline, pipeline_parameters
+    from pipelines.package_model import PIPELINE_NAME, SIGNING_KEY
+    from pipelines.submit import find_bundle, follow_run, pinned_publish_uri, submit_run
+
+    targets, arguments, name = _pipeline_arguments(args, local=False)
+    options = _graph_options(args, targets)
+    arguments.update(credentials_secret=args.secret, signing_secret=args.signing_secret)
+    if args.sign:
+        arguments["sign_key"] = SIGNING_KEY
+    if args.params:
+        extra = _read_params(args.params)
+        known = pipeline_parameters(options)
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise InvalidSpecError(
+                f"--params: unknown pipeline parameter {unknown[0]!r} (known: {', '.join(sorted(known))})"
+            )
+        arguments.update(extra)
+        precisions = [p for t in targets for p in arguments.get(f"{t}_precisions", [])]
+        _validate_arguments(
+            arguments, source=str(arguments["model_uri"]), default_name=name, targets=targets, precisions=precisions
+        )
+    for key in ("credentials_secret", "signing_secret"):
+        if not str(arguments.get(key, "")).strip():
+            raise InvalidSpecError(f"the {key} name is empty")
+    with tempfile.TemporaryDirectory(prefix="ortpack-submit-") as tmp:
+        package = Path(tmp) / "package_model.yaml"
+        compile_pipeline(package, options)
+        client, run = submit_run(
+            package,
+            arguments,
+            host=args.host,
+            experiment=args.experiment,
+            run_name=args.run_name or f"{arguments['name']} {arguments['version']}",
+            namespace=args.namespace,
+            token=os.environ.get(args.token_env) or None,
+            pipeline_name=args.pipeline_name,
+            enable_caching=False if args.no_cache else None,
+            service_account=args.service_account,
+            pipeline_root=args.pipeline_root,
+        )
+    print(f"submitted run {run.run_id} (experiment {run.experiment_id}, pipeline version {run.version_id}): {run.url}")
+    if not args.wait:
+        return 0
+    finished = follow_run(
+        client,
+        args.host,
+        run.run_id,
+        echo=lambda line: log.info("  %s", line),
+        timeout_s=args.timeout,
+        poll_s=args.poll,
     )
-    print(f"submitted run {run.run_id} (experiment {run.experiment_id}): {run.url}")
+    if not finished.succeeded:
+        reason = f": {finished.error}" if finished.error else ""
+        print(f"ortpack: error: run {run.run_id} {finished.state.lower()}{reason}", file=sys.stderr)
+        return EXIT_GATE
+    location = find_bundle(args.pipeline_root or DEFAULT_PIPELINE_ROOT, PIPELINE_NAME, run.run_id)
+    digest = f" (manifest sha256 {location.manifest_sha256})" if location.manifest_sha256 else ""
+    note = f" ({location.note})" if location.note else ""
+    print(f"bundle: {location.uri}{digest}{note}")
+    if arguments.get("publish_to"):
+        print(f"published: {pinned_publish_uri(str(arguments['publish_to']), name, str(arguments['version']))}")
+    print(f"run {run.run_id} succeeded: version {arguments['version']}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from components.core.export import export_model
-    from components.core.sources import resolve_model_source
 
-    source, default_name = resolve_model_source(args.model, args.task)
-    spec = export_spec(args, source, default_name)
+    spec = export_spec(args)
     out = _fresh_dir(Path(args.out), args.force)
     export_model(spec, out)
     print(out)
@@ -278,16 +437,31 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_package(args: argparse.Namespace) -> int:
-    from components.core.package import package_dirs
+    """Like the pipeline's package step: report.html (inside the bundle), then the bundle."""
+    import tempfile
 
-    manifest = package_dirs(
-        _existing_dir(args.export, "export"),
-        [_existing_dir(v, "variant") for v in args.variant],
-        Path(args.out),
-        version=args.version,
-        force=args.force,
+    from components.core.artifacts import VariantRecord
+    from components.core.build import resolve_version
+    from components.core.package import package_bundle
+    from components.core.report import write_report
+
+    export_dir = _existing_dir(args.export, "export")
+    variant_dirs = [_existing_dir(v, "variant") for v in args.variant]
+    records = sorted((VariantRecord.load(d) for d in variant_dirs), key=lambda r: r.variant_id)
+    with tempfile.TemporaryDirectory(prefix="ortpack-package-") as tmp:
+        report = Path(tmp) / "report.html"
+        write_report(export_dir, records, report)
+        manifest = package_bundle(
+            export_dir,
+            records,
+            Path(args.out),
+            version=resolve_version(args.version or "", uuid.uuid4().hex),
+            force=args.force,
+            report_html=report,
+        )
+    print(
+        f"bundle: {args.out} ({', '.join(v.id for v in manifest.variants)}), report: {Path(args.out) / 'report.html'}"
     )
-    print(f"bundle: {args.out} ({', '.join(v.id for v in manifest.variants)})")
     return 0
 
 
@@ -444,17 +618,26 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         p.add_argument(
             "--model",
             default="all-MiniLM-L6-v2",
-            help="a Hugging Face checkpoint directory, or a bundled model (default: all-MiniLM-L6-v2)",
+            help="a checkpoint: s3://BUCKET/PREFIX/, minio://..., gs://..., https://.../CKPT.tar, "
+            "hf://ORG/NAME@REVISION (fetched by the export step), a directory, or a bundled model "
+            "(default: all-MiniLM-L6-v2)",
         )
-    p.add_argument("--task", default="text-embedding", help="text-embedding (default) or image-classification")
+    p.add_argument(
+        "--task",
+        default="text-embedding",
+        help="text-embedding (default), text-classification or image-classification",
+    )
     p.add_argument("--name", help="bundle name (default: the model's directory or name)")
     p.add_argument("--max-length", type=int, help="token limit of text models (default: the model's own)")
     p.add_argument(
         "--weights",
         help="image models: a state-dict file (.safetensors, or a torch file loaded with "
-        "weights_only); default: random weights",
+        "weights_only; run/submit: also a URI of a .safetensors file); default: random weights",
     )
-    p.add_argument("--labels", help="image models: a labels file, one per line (default: the weights' categories)")
+    p.add_argument(
+        "--labels",
+        help="image models: a labels file, one per line, or its URI (default: the weights' categories)",
+    )
     p.add_argument("--resize-size", type=int, help="image models: shorter side after resize (default: the weights')")
     p.add_argument("--crop-size", type=int, help="image models: centre crop size (default: the weights')")
     p.add_argument("--mean", type=_floats3, help="image models: normalisation mean, 3 comma-separated numbers")
@@ -474,9 +657,17 @@ def _add_variants(p: argparse.ArgumentParser) -> None:
         default="fp32,int8",
         help="comma-separated precisions: fp32, int8 (cpu), fp16 (cuda) (default: fp32,int8)",
     )
-    p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
+    _add_version(p)
     _add_thresholds(p)
     _add_off_target(p)
+
+
+def _add_version(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--version",
+        help="bundle version written to the manifest (default: unique per run: UTC time and a run hash, "
+        "e.g. 20261130.101500-1a2b3c4d)",
+    )
 
 
 def _add_off_target(p: argparse.ArgumentParser) -> None:
@@ -495,15 +686,72 @@ def _add_thresholds(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[PRECISION.]NAME=VALUE",
         help="override a parity threshold, e.g. int8.min_neighbour_agreement=0.9 or max_abs_diff=1e-5 "
-        "(names: max_abs_diff, mean_abs_diff, min_cosine, mean_cosine, min_neighbour_agreement); repeatable",
+        f"(names: {', '.join(_threshold_names())}; each task gates its own); repeatable",
     )
+
+
+def _threshold_names() -> list[str]:
+    from dataclasses import fields
+
+    from components.core.specs import ParityThresholds
+
+    return [f.name for f in fields(ParityThresholds)]
+
+
+def _add_graph(p: argparse.ArgumentParser) -> None:
+    """Options that shape the compiled YAML (`compile` and `submit` share them)."""
+    from components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
+    from pipelines.package_model import GPU_TIMEOUT_S, MODEL_MOUNT
+
+    p.add_argument(
+        "--component-image",
+        metavar="REF",
+        help=f"image every step runs on, REPO:TAG or REPO@sha256:... (default: ${IMAGE_ENV}, else {COMPONENT_IMAGE})",
+    )
+    p.add_argument(
+        "--gpu-component-image",
+        metavar="REF",
+        help=f"image of the cuda branch (default: ${GPU_IMAGE_ENV}, else the component image's tag + '-gpu')",
+    )
+    p.add_argument(
+        "--model-pvc",
+        metavar="CLAIM",
+        help=f"mount this PersistentVolumeClaim at {MODEL_MOUNT} in the steps that read the model "
+        f"(then --model {MODEL_MOUNT}/DIR)",
+    )
+    p.add_argument(
+        "--gpu-timeout",
+        type=int,
+        default=GPU_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"activeDeadlineSeconds of the GPU steps' pods (default: {GPU_TIMEOUT_S})",
+    )
+
+
+def _add_publish(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--publish-to",
+        metavar="URI",
+        help="after the gate passed, push the bundle to oci://HOST/REPO[:TAG] (tag: the version) or upload "
+        "it as a tar to s3://BUCKET/PREFIX/ (or minio://); prints the pinned URI",
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other error (`ortpack: error: ...`, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from serving import __version__
+
+    parser = _Parser(
         prog="ortpack",
         description="Turn a PyTorch model into a verified, hardware-optimized ONNX Runtime bundle.",
     )
+    parser.add_argument("--version", action="version", version=f"ortpack {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
@@ -522,17 +770,51 @@ def build_parser() -> argparse.ArgumentParser:
         help="where kfp.local keeps each run's artifacts (default: .ortpack/runs, or ORTPACK_PIPELINE_ROOT)",
     )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--sign-key", metavar="KEY.pem", help="sign the bundle with this EC private key (PEM)")
+    _add_publish(p)
 
     p = command("compile", cmd_compile, "compile the package_model pipeline to KFP YAML (byte-identical every time)")
     p.add_argument("--out", default="package_model.yaml", help="YAML file to write (default: package_model.yaml)")
-    p.add_argument("--targets", default="cpu,cuda", help="targets the pipeline has branches for (default: cpu,cuda)")
+    p.add_argument("--targets", default="cpu", help="targets the pipeline has branches for: cpu, cuda (default: cpu)")
+    _add_graph(p)
 
-    p = command("submit", cmd_submit, "compile the pipeline and start a run on a Kubeflow Pipelines endpoint")
+    p = command("submit", cmd_submit, "upload the compiled pipeline and start a run on a Kubeflow Pipelines endpoint")
     p.add_argument("--host", required=True, help="Kubeflow Pipelines API endpoint, e.g. https://kfp.example.com")
     _add_model(p, required=False)
     _add_variants(p)
+    _add_graph(p)
+    _add_publish(p)
+    p.add_argument(
+        "--params",
+        metavar="FILE.yaml",
+        help="pipeline parameters (a YAML mapping), applied over the values the options give",
+    )
+    p.add_argument("--wait", action="store_true", help="follow the run to its end; exit 0 if it succeeded, else 1")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait: terminate the run after this long")
+    p.add_argument(
+        "--poll", type=float, default=10.0, metavar="SECONDS", help="with --wait: poll interval (default: 10)"
+    )
+    p.add_argument("--no-cache", action="store_true", help="run every step, reusing no cached result")
+    p.add_argument("--service-account", help="Kubernetes service account the run's pods use")
+    p.add_argument(
+        "--pipeline-root",
+        help=f"where the run's artifacts go (default: the backend's, usually {DEFAULT_PIPELINE_ROOT})",
+    )
+    p.add_argument("--pipeline-name", default="package-model", help="pipeline to upload to (default: package-model)")
+    p.add_argument(
+        "--secret",
+        default="ortpack-credentials",
+        help="Kubernetes secret with the model store's and registry's credentials, mounted (optional) into the "
+        "steps that read the model or publish (default: ortpack-credentials)",
+    )
+    p.add_argument(
+        "--signing-secret",
+        default="ortpack-signing-key",
+        help="Kubernetes secret holding key.pem (and password) for --sign (default: ortpack-signing-key)",
+    )
+    p.add_argument("--sign", action="store_true", help="sign the bundle with the signing secret's key.pem")
     p.add_argument("--experiment", default="ortpack", help="experiment to add the run to (default: ortpack)")
-    p.add_argument("--run-name", help="run name (default: '<name> <date time>')")
+    p.add_argument("--run-name", help="run name (default: '<name> <version>')")
     p.add_argument("--namespace", help="Kubernetes namespace of a multi-user deployment")
     p.add_argument(
         "--token-env",
@@ -573,7 +855,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", required=True, help="directory written by `ortpack export`")
     p.add_argument("--variant", required=True, action="append", help="a validated variant directory; repeatable")
     p.add_argument("--out", required=True, help="bundle directory to create")
-    p.add_argument("--version", default="1", help="bundle version written to the manifest (default: 1)")
+    _add_version(p)
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
     _add_bundle_commands(sub)
@@ -639,21 +921,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(-args.quiet + args.verbose, args.debug)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
         print("ortpack: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPT
-    except Exception as exc:
+        return 128 + int(signum)
+    except Exception as exc:  # noqa: BLE001 - every error ends as one line and an exit code
         if args.debug:
-            raise
+            import traceback
+
+            traceback.print_exc()
         return _report(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM cleans up like SIGINT: stop the step subprocesses we started (kfp.local's), then
+    unwind through every `finally` (temporary directories are removed) and exit 143."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signal.SIGINT)
+    except ImportError:
+        pass
+    raise KeyboardInterrupt(signum)
 
 
 def _report(exc: Exception) -> int:
     from components.core.errors import OrtpackError, ParityError
 
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    message = one_line(exc)
     if isinstance(exc, ParityError):
         code = EXIT_GATE
     elif isinstance(exc, ValueError):

@@ -1,14 +1,19 @@
-"""Regenerate the golden files that guard the pipeline interface: `python -m pipelines.golden`.
+"""Compile the pipeline, and regenerate the golden files that guard its interface:
+`python -m pipelines.golden` (`make golden`).
 
-- `pipelines/package_model.yaml`: the compiled pipeline for every target (CI checks that
-  compiling gives these exact bytes);
+- `pipelines/package_model.yaml`: the compiled pipeline with the default graph options (the cpu
+  target only: cuda is off by default; CI checks that compiling gives these exact bytes);
 - `tests/golden/component_io.json`: each component's inputs and outputs (names and types).
+
+`compile_pipeline` is what `ortpack compile` and `ortpack submit` both call, so a submitted run
+is exactly the YAML `compile` writes for the same options.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +22,37 @@ COMPILED = ROOT / "pipelines" / "package_model.yaml"
 COMPONENT_IO = ROOT / "tests" / "golden" / "component_io.json"
 
 
+@dataclass(frozen=True, kw_only=True)
+class GraphOptions:
+    """What shapes the compiled YAML (everything else is a run-time parameter)."""
+
+    targets: tuple[str, ...] = ("cpu",)
+    image: str | None = None  # None: components.images.COMPONENT_IMAGE
+    gpu_image: str | None = None  # None: components.images.GPU_COMPONENT_IMAGE
+    model_pvc: str | None = None
+    gpu_timeout_s: int = 2 * 3600  # pipelines.package_model.GPU_TIMEOUT_S
+
+
 def component_io() -> dict[str, Any]:
     from components.benchmark import benchmark_variant
     from components.export import export_model
     from components.optimize import optimize_variant
-    from components.package import package_bundle
+    from components.package import check_gate, package_bundle, publish_bundle
+    from components.source import resolve_source
     from components.validate import validate_variant
 
     out: dict[str, Any] = {}
-    for component in (export_model, optimize_variant, validate_variant, benchmark_variant, package_bundle):
+    components = (
+        resolve_source,
+        export_model,
+        optimize_variant,
+        validate_variant,
+        benchmark_variant,
+        package_bundle,
+        check_gate,
+        publish_bundle,
+    )
+    for component in components:
         spec = component.component_spec
         out[spec.name] = {
             "inputs": {
@@ -38,12 +65,27 @@ def component_io() -> dict[str, Any]:
     return out
 
 
-def compile_pipeline(path: Path, targets: tuple[str, ...] | None = None) -> None:
+def build_pipeline(options: GraphOptions | None = None) -> Any:
+    from pipelines.package_model import make_pipeline
+
+    o = options or GraphOptions()
+    return make_pipeline(
+        o.targets, image=o.image, gpu_image=o.gpu_image, model_pvc=o.model_pvc, gpu_timeout_s=o.gpu_timeout_s
+    )
+
+
+def compile_pipeline(path: Path, options: GraphOptions | tuple[str, ...] | None = None) -> None:
+    """Compile the pipeline for `options` (or just a tuple of targets) to `path`."""
     from kfp import compiler
 
-    from pipelines.package_model import ALL_TARGETS, make_pipeline
+    if isinstance(options, tuple):
+        options = GraphOptions(targets=options)
+    compiler.Compiler().compile(build_pipeline(options), str(path))
 
-    compiler.Compiler().compile(make_pipeline(targets or ALL_TARGETS), str(path))
+
+def pipeline_parameters(options: GraphOptions | None = None) -> set[str]:
+    """The run-time parameters of the pipeline these options compile."""
+    return set(build_pipeline(options).component_spec.inputs or {})
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import InvalidSpecError, NoVariantPassedError, OrtpackError
+from components.core.errors import InvalidSpecError, NoVariantPassedError, OrtpackError, one_line
 
 log = logging.getLogger("ortpack.run")
 
@@ -120,9 +120,10 @@ def run_pipeline_locally(
         log_file = run_dir / "ortpack-run.log"
         shutil.move(scratch_log, log_file)
     if failure is not None:
-        step_error = last_error(log_file) or " ".join(_ANSI.sub("", str(failure)).split())
-        if "no variant passed its parity gate" in step_error:
-            raise NoVariantPassedError(step_error)
+        verdict = run_verdict(run_dir) if run_dir is not None else None
+        if verdict is not None and not verdict.passed:  # the package step's record, not a message
+            raise NoVariantPassedError(verdict.reason)
+        step_error = last_error(log_file) or one_line(_ANSI.sub("", str(failure)))
         raise PipelineRunError(f"{step_error} (full log: {log_file})")
     if run_dir is None:
         raise PipelineRunError(f"kfp.local wrote no run directory under {pipeline_root}")
@@ -149,3 +150,22 @@ def load_run_records(run_dir: Path) -> tuple[Any, list[Any]]:
     export = ExportResult.load(exports[-1])
     records = [VariantRecord.load(d) for d in sorted(Path(run_dir).glob("**/benchmark-variant*/measured"))]
     return export, sorted(records, key=lambda r: r.variant_id)
+
+
+def run_verdict(run_dir: Path) -> Any:
+    """The package step's verdict (components.core.package.Verdict) of a local run, if it wrote one."""
+    from components.core.package import VERDICT_FILE, Verdict
+
+    found = sorted(Path(run_dir).glob(f"**/package-bundle/verdict/{VERDICT_FILE}"))
+    return Verdict.load(found[-1].parent) if found else None
+
+
+def published_uri(run_dir: Path) -> str | None:
+    """The publish step's pinned URI in a local run, if that step ran."""
+    import json
+
+    for path in sorted(Path(run_dir).glob("**/publish-bundle/executor_output.json")):
+        value = json.loads(path.read_text()).get("parameterValues", {}).get("Output")
+        if value:
+            return str(value)
+    return None

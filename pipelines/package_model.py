@@ -1,77 +1,142 @@
-"""The `package_model` Kubeflow pipeline: export, then per variant optimize -> validate ->
-benchmark, then package what passed.
+"""The `package_model` Kubeflow pipeline: resolve the source, export, then per variant optimize ->
+validate -> benchmark, then package what passed, fail the run if nothing did, and optionally
+publish the bundle.
 
-Targets shape the graph (each target's steps run on its own hardware: cuda steps ask for a GPU),
-so a pipeline is built for a set of targets by `make_pipeline`; precisions, thresholds and the
-model are run-time parameters. One `dsl.ParallelFor` per target runs its precisions side by
-side, and `dsl.Collected` hands every branch's outputs to the package step.
+Targets shape the graph (each target's steps run on its own hardware and image: the cuda branch
+runs on the GPU component image, its validate and benchmark steps on a GPU), so a pipeline is built
+for a set of targets by `make_pipeline`, together with the other graph options (images, a model
+volume, the GPU timeout); everything else is a run-time parameter. One `dsl.ParallelFor` per
+target runs its precisions side by side, and `dsl.Collected` hands every branch's outputs to the
+package step.
+
+Backend compatibility (README, "The Kubeflow pipeline"): the loops have no display names (a
+`ParallelFor(name=...)` breaks the producer lookup on backends up to 2.15, kubeflow/pipelines
+#13239), secrets are mounted as optional volumes (an optional secret as environment variables is
+honoured only from backend 2.15), `dsl.Collected` of artifacts needs backend 2.14.
 
 A variant that misses its gate does not stop the others: validate returns its verdict instead of
 failing (kfp.local cannot collect over a failed or skipped loop iteration), benchmark skips a
-missed variant, and package fails the run when no variant passed. Only `kfp` is imported here
-(and no `from __future__ import annotations`: KFP reads the pipeline signature's types).
+missed variant, package writes the verdict without failing (a failed step's outputs are lost on
+the backend), and the gate step then fails the run when no variant passed. Only `kfp` is imported
+here (and no `from __future__ import annotations`: KFP reads the pipeline signature's types).
 """
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kfp import dsl, kubernetes
+from kfp.dsl.pipeline_channel import PipelineChannel
 
 from components.benchmark import benchmark_variant
 from components.export import export_model
-from components.images import ORT_VERSION
+from components.images import COMPONENT_IMAGE, GPU_COMPONENT_IMAGE, GPU_ORT_VERSION, ORT_VERSION
 from components.optimize import optimize_variant
-from components.package import package_bundle
+from components.package import check_gate, package_bundle, publish_bundle
+from components.source import resolve_source
 from components.validate import validate_variant
 
 PIPELINE_NAME = "package-model"
 ALL_TARGETS = ("cpu", "cuda")
+DEFAULT_TARGETS = ("cpu",)  # cuda is off by default: the committed YAML has no GPU branch
 DEFAULT_PRECISIONS = {"cpu": ["fp32", "int8"], "cuda": ["fp16"]}
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")
+GPU_TIMEOUT_S = 2 * 3600  # activeDeadlineSeconds of the GPU steps' pods
+# The secrets (run-time parameters name them) are mounted as optional volumes: a pod starts
+# without them. One file per key; components/core/sources.py `load_credentials` reads them.
+CREDENTIALS_SECRET = "ortpack-credentials"
+CREDENTIALS_DIR = "/var/run/secrets/ortpack/credentials"  # = components.core.sources.CREDENTIALS_DIR
+SIGNING_SECRET = "ortpack-signing-key"
+SIGNING_DIR = "/var/run/secrets/ortpack/signing"
+SIGNING_KEY = f"{SIGNING_DIR}/key.pem"
+MODEL_MOUNT = "/mnt/models"  # where --model-pvc mounts its claim
+# (cpu, memory) requests = limits per step, run-time parameters `<step>_cpu` / `<step>_memory`
+RESOURCES = {
+    "export": ("2", "8Gi"),
+    "optimize": ("2", "8Gi"),
+    "validate": ("2", "4Gi"),
+    "benchmark": ("2", "4Gi"),
+    "package": ("1", "4Gi"),
+}
+SMALL_STEP = ("500m", "1Gi")  # resolve, gate
+PUBLISH_STEP = ("1", "2Gi")
+RETRIES, RETRY_BACKOFF = 2, "60s"
 
 
-def _on_gpu(task: dsl.PipelineTask) -> None:
-    """Schedule a task on a GPU node: one GPU, the GPU node selector and toleration."""
-    task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
-    kubernetes.add_node_selector(task, label_key=GPU_NODE_LABEL[0], label_value=GPU_NODE_LABEL[1])
+def _resources(task: dsl.PipelineTask, cpu: Any, memory: Any) -> dsl.PipelineTask:
+    """Requests equal to limits: predictable memory (no OOM surprises) and Guaranteed QoS, so the
+    benchmarks measure steady cores."""
+    task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
+    # kfp 2.17.3 does not register resource parameters as the task's inputs, so a loop's sub-DAG
+    # would not receive them ("input argument 'pipelinechannel--optimize_cpu' not found")
+    task.register_pipeline_channels([v for v in (cpu, memory) if isinstance(v, PipelineChannel)])
+    return task
+
+
+def _on_gpu(task: dsl.PipelineTask, accelerator: Any, node_selector: Any, timeout_s: int) -> None:
+    """Run a task on a GPU: one accelerator of the given type, the node selector (empty by
+    default: no label that only GPU Feature Discovery sets), the GPU taint tolerated, a deadline."""
+    task.set_accelerator_type(accelerator).set_accelerator_limit(1)
+    task.register_pipeline_channels([v for v in (accelerator, node_selector) if isinstance(v, PipelineChannel)])
+    kubernetes.add_node_selector_json(task, node_selector)
     kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+    kubernetes.set_timeout(task, timeout_s)
 
 
-def _variant_branch(target: str, precision: Any, exported: Any, thresholds: Any, allow_off_target: Any) -> Any:
-    """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
-    optimized = optimize_variant(exported=exported, target=target, precision=precision, ort_version=ORT_VERSION)
-    variant = optimized.outputs["variant"]
-    validated = validate_variant(
-        exported=exported,
-        variant=variant,
-        thresholds=thresholds,
-        ort_version=ORT_VERSION,
-        allow_off_target_validation=allow_off_target,
-    )
-    measured = benchmark_variant(
-        exported=exported, variant=variant, report=validated.outputs["report"], ort_version=ORT_VERSION
-    )
-    for task, label in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
-        task.set_display_name(f"{label} {target}")
-        if target == "cuda" and label != "optimize":  # building fp16 needs no GPU; running it does
-            _on_gpu(task)
-    return measured.outputs["measured"]
+def _with_secret(task: dsl.PipelineTask, secret: Any, mount_path: str) -> dsl.PipelineTask:
+    return kubernetes.use_secret_as_volume(task, secret_name=secret, mount_path=mount_path, optional=True)
 
 
-def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) -> Callable[..., Any]:
+def make_pipeline(
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    parallelism: int = 0,
+    *,
+    image: str | None = None,
+    gpu_image: str | None = None,
+    model_pvc: str | None = None,
+    gpu_timeout_s: int = GPU_TIMEOUT_S,
+) -> Callable[..., Any]:
     """The `package_model` pipeline for `targets` (a subset of cpu, cuda, in that order).
 
-    `parallelism` caps how many variants of one target run at once (0: no cap). Local runs use 1:
-    the benchmark steps would otherwise share this machine's cores and measure each other.
+    `parallelism` caps how many variants of one target run at once (0: no cap; local runs use 1 so
+    that benchmarks do not share this machine's cores). `image` / `gpu_image` replace the component
+    images (tag or digest); `model_pvc` mounts that PersistentVolumeClaim at /mnt/models in the
+    steps that read the model.
     """
     targets = [t for t in ALL_TARGETS if t in targets]
     if not targets:
         raise ValueError(f"no known target in {list(targets)} (known: {', '.join(ALL_TARGETS)})")
     has_cpu, has_cuda = "cpu" in targets, "cuda" in targets
+    cpu_image = image or COMPONENT_IMAGE
+    cuda_image = gpu_image or GPU_COMPONENT_IMAGE
+
+    def variant_branch(target: str, precision: Any, exported: Any, p: dict[str, Any]) -> Any:
+        """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
+        ort = GPU_ORT_VERSION if target == "cuda" else ORT_VERSION
+        optimized = optimize_variant(exported=exported, target=target, precision=precision, ort_version=ort)
+        variant = optimized.outputs["variant"]
+        validated = validate_variant(
+            exported=exported,
+            variant=variant,
+            thresholds=p["thresholds"],
+            ort_version=ort,
+            allow_off_target_validation=p["allow_off_target_validation"],
+        )
+        measured = benchmark_variant(
+            exported=exported, variant=variant, report=validated.outputs["report"], ort_version=ort
+        )
+        measured.set_caching_options(False)  # a benchmark measures this run's hardware, never a cache
+        optimized.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+        for task, step in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
+            task.set_display_name(f"{step} {target}")
+            task.set_container_image(cuda_image if target == "cuda" else cpu_image)
+            _resources(task, p[f"{step}_cpu"], p[f"{step}_memory"])
+            if target == "cuda" and step != "optimize":  # building fp16 needs no GPU; running it does
+                _on_gpu(task, p["gpu_accelerator"], p["gpu_node_selector"], gpu_timeout_s)
+        return measured.outputs["measured"]
 
     def package_model(
-        model: str = "all-MiniLM-L6-v2",
+        model_uri: str = "all-MiniLM-L6-v2",
         task: str = "text-embedding",
         name: str = "",
         max_length: int = 0,
@@ -81,31 +146,74 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
         cpu_precisions: list = DEFAULT_PRECISIONS["cpu"] if has_cpu else [],
         cuda_precisions: list = DEFAULT_PRECISIONS["cuda"] if has_cuda else [],
         thresholds: dict = {},  # noqa: B006 - KFP reads defaults from the signature
-        version: str = "1",
+        version: str = "",
         allow_degenerate_reference: bool = False,
         allow_off_target_validation: bool = False,
+        sign_key: str = "",
+        publish_to: str = "",
+        credentials_secret: str = CREDENTIALS_SECRET,
+        signing_secret: str = SIGNING_SECRET,
+        export_cpu: str = RESOURCES["export"][0],
+        export_memory: str = RESOURCES["export"][1],
+        optimize_cpu: str = RESOURCES["optimize"][0],
+        optimize_memory: str = RESOURCES["optimize"][1],
+        validate_cpu: str = RESOURCES["validate"][0],
+        validate_memory: str = RESOURCES["validate"][1],
+        benchmark_cpu: str = RESOURCES["benchmark"][0],
+        benchmark_memory: str = RESOURCES["benchmark"][1],
+        package_cpu: str = RESOURCES["package"][0],
+        package_memory: str = RESOURCES["package"][1],
+        gpu_accelerator: str = GPU_RESOURCE,
+        gpu_node_selector: dict = {},  # noqa: B006 - KFP reads defaults from the signature
     ) -> None:
         """Package a PyTorch model into a verified, hardware-optimized ONNX Runtime bundle.
 
         Args:
-            model: A checkpoint directory or a bundled model name.
-            task: text-embedding or image-classification.
+            model_uri: s3://BUCKET/PREFIX/, minio://..., gs://..., https://.../CKPT.tar,
+                hf://ORG/NAME@REVISION, a path in the image or under /mnt/models (--model-pvc),
+                or a bundled model name (all-MiniLM-L6-v2).
+            task: text-embedding, text-classification or image-classification.
             name: Bundle name (empty: the model's own).
             max_length: Token limit of text models (0: the model's own).
-            weights: Image models: a state-dict file the component image can read (empty: random).
-            labels: Image models: a labels file (empty: the weights' categories).
+            weights: Image models: a state-dict file (path, or URI of a .safetensors file; empty: random).
+            labels: Image models: a labels file, path or URI (empty: the weights' categories).
             preprocessing: Image models: overrides of resize_size, crop_size, mean, std.
             cpu_precisions: Precisions to build for the cpu target (fp32, int8).
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
-            version: Bundle version.
+            version: Bundle version (empty: unique per run, the UTC time and the run id).
             allow_degenerate_reference: Build even when the PyTorch outputs barely vary (random
                 weights; parity is then vacuous and the report says so).
             allow_off_target_validation: Ship variants checked on another execution provider
                 than their target's (cuda variants where the image has no CUDA provider).
+            sign_key: Private key (PEM) the package step signs the bundle with, as the step sees
+                it (/var/run/secrets/ortpack/signing/key.pem from the signing secret); empty: unsigned.
+            publish_to: After the gate passed, push to oci://HOST/REPO[:TAG] or upload a tar to
+                s3://BUCKET/PREFIX/ (or minio://); empty: no publish step.
+            credentials_secret: Kubernetes secret (optional) mounted for the steps that read the
+                model or publish: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL,
+                HF_TOKEN, gcs.json, ORTPACK_REGISTRY_USERNAME/PASSWORD.
+            signing_secret: Kubernetes secret (optional) with key.pem (and password) for sign_key.
+            export_cpu: CPU request and limit of the export step.
+            export_memory: Memory request and limit of the export step.
+            optimize_cpu: CPU request and limit of each optimize step.
+            optimize_memory: Memory request and limit of each optimize step.
+            validate_cpu: CPU request and limit of each validate step.
+            validate_memory: Memory request and limit of each validate step.
+            benchmark_cpu: CPU request and limit of each benchmark step (whole cores measure best).
+            benchmark_memory: Memory request and limit of each benchmark step.
+            package_cpu: CPU request and limit of the package step.
+            package_memory: Memory request and limit of the package step.
+            gpu_accelerator: Resource name of the GPU the cuda validate/benchmark steps ask for.
+            gpu_node_selector: Node labels for the GPU steps, e.g. {"nvidia.com/gpu.present": "true"}
+                where GPU Feature Discovery runs (empty: none).
         """
+        p = dict(locals())
+        resolved = resolve_source(model_uri=model_uri, weights=weights, labels=labels)
+        resolved.set_display_name("resolve source").set_caching_options(False)
         exported = export_model(
-            model=model,
+            model_uri=model_uri,
+            source_versions=resolved.output,
             task=task,
             name=name,
             max_length=max_length,
@@ -114,23 +222,63 @@ def make_pipeline(targets: Sequence[str] = ALL_TARGETS, parallelism: int = 0) ->
             preprocessing=preprocessing,
             allow_degenerate_reference=allow_degenerate_reference,
         )
-        exported.set_display_name("export")
+        exported.set_display_name("export").set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+        _resources(exported, export_cpu, export_memory)
+        for reader in (resolved, exported):
+            reader.set_container_image(cpu_image)
+            _with_secret(reader, credentials_secret, CREDENTIALS_DIR)
+            if model_pvc:
+                kubernetes.mount_pvc(reader, pvc_name=model_pvc, mount_path=MODEL_MOUNT)
+        _resources(resolved, *SMALL_STEP).set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
         measured = {}
         if has_cpu:
-            with dsl.ParallelFor(cpu_precisions, name="cpu-variants", parallelism=parallelism) as precision:
-                cpu = _variant_branch(
-                    "cpu", precision, exported.outputs["exported"], thresholds, allow_off_target_validation
-                )
+            with dsl.ParallelFor(cpu_precisions, parallelism=parallelism) as precision:
+                cpu = variant_branch("cpu", precision, exported.outputs["exported"], p)
             measured["cpu_variants"] = dsl.Collected(cpu)
         if has_cuda:
-            with dsl.ParallelFor(cuda_precisions, name="cuda-variants", parallelism=parallelism) as precision:
-                cuda = _variant_branch(
-                    "cuda", precision, exported.outputs["exported"], thresholds, allow_off_target_validation
-                )
+            with dsl.ParallelFor(cuda_precisions, parallelism=parallelism) as precision:
+                cuda = variant_branch("cuda", precision, exported.outputs["exported"], p)
             measured["cuda_variants"] = dsl.Collected(cuda)
-        package_bundle(exported=exported.outputs["exported"], version=version, **measured).set_display_name("package")
+        packaged = package_bundle(
+            exported=exported.outputs["exported"],
+            version=version,
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            sign_key=sign_key,
+            **measured,
+        )
+        packaged.set_display_name("package").set_caching_options(False).set_container_image(cpu_image)
+        _resources(packaged, package_cpu, package_memory)
+        _with_secret(packaged, signing_secret, SIGNING_DIR)
+        gate = check_gate(verdict=packaged.outputs["verdict"])
+        gate.set_display_name("gate").set_container_image(cpu_image)
+        _resources(gate, *SMALL_STEP)
+        with dsl.If(publish_to != ""):
+            published = publish_bundle(bundle=packaged.outputs["bundle"], publish_to=publish_to).after(gate)
+            published.set_display_name("publish").set_caching_options(False).set_container_image(cpu_image)
+            published.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+            _resources(published, *PUBLISH_STEP)
+            _with_secret(published, credentials_secret, CREDENTIALS_DIR)
 
-    package_model.__name__ = PIPELINE_NAME.replace("-", "_")
+    entry = _without_parameters(package_model, set() if has_cuda else set(GPU_PARAMETERS))
+    entry.__name__ = PIPELINE_NAME.replace("-", "_")
     return dsl.pipeline(name=PIPELINE_NAME, description="Export, optimize, validate, benchmark and package a model.")(
-        package_model
+        entry
     )
+
+
+GPU_PARAMETERS = ("cuda_precisions", "gpu_accelerator", "gpu_node_selector")
+
+
+def _without_parameters(func: Callable[..., Any], drop: set[str]) -> Callable[..., Any]:
+    """`func` with the parameters in `drop` removed from its signature (their defaults are used):
+    a pipeline without a cuda branch has no GPU parameters. KFP calls the function positionally."""
+    signature = inspect.signature(func)
+    kept = [p for p in signature.parameters.values() if p.name not in drop]
+    fixed = {p.name: p.default for p in signature.parameters.values() if p.name in drop}
+
+    def entry(*args: Any) -> Any:
+        return func(**dict(zip((p.name for p in kept), args, strict=True)), **fixed)
+
+    entry.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
+    entry.__doc__ = func.__doc__
+    return entry

@@ -1,4 +1,5 @@
-"""The compiled pipeline: deterministic, guarded by golden files, loadable, and light to build."""
+"""The compiled pipeline: deterministic, guarded by golden files, loadable, light to build, and
+shaped for the Kubeflow backends it claims to run on (2.14 and later)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,49 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-from pipelines.golden import COMPILED, COMPONENT_IO, compile_pipeline, component_io
+from pipelines.golden import COMPILED, COMPONENT_IO, GraphOptions, compile_pipeline, component_io
 
 REGENERATE = "regenerate with `make golden` and review the diff"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all(path.read_text()))
+
+
+def _compiled(tmp_path: Path, **options: Any) -> list[dict[str, Any]]:
+    path = tmp_path / "p.yaml"
+    compile_pipeline(path, GraphOptions(**options))
+    return _docs(path)
+
+
+@pytest.fixture(scope="module")
+def gpu_docs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _compiled(tmp_path_factory.mktemp("gpu"), targets=("cpu", "cuda"), model_pvc="checkpoints")
+
+
+def _executors(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return doc["deploymentSpec"]["executors"]
+
+
+def _platform(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"] if len(docs) > 1 else {}
+
+
+def _dags(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every DAG (the root and each sub-DAG: loops, conditions) by component name."""
+    dags = {"root": doc["root"]["dag"]}
+    dags.update({name: c["dag"] for name, c in doc["components"].items() if "dag" in c})
+    return dags
+
+
+def _all_tasks(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: task for dag in _dags(doc).values() for name, task in dag["tasks"].items()}
 
 
 def test_compile_is_byte_identical_and_matches_golden(tmp_path: Path) -> None:
@@ -31,47 +69,118 @@ def test_compiled_yaml_loads_back_with_the_sdk() -> None:
 
     loaded = components.load_component_from_file(str(COMPILED))
     assert loaded.name == "package-model"
-    assert set(loaded.component_spec.inputs) == {
-        "model",
-        "task",
-        "name",
-        "max_length",
-        "weights",
-        "labels",
-        "preprocessing",
-        "cpu_precisions",
-        "cuda_precisions",
-        "thresholds",
-        "version",
-    }
+    inputs = set(loaded.component_spec.inputs)
+    assert {"model_uri", "task", "version", "thresholds", "cpu_precisions", "publish_to", "sign_key"} <= inputs
+    assert {"credentials_secret", "signing_secret"} <= inputs
+    for step in ("export", "optimize", "validate", "benchmark", "package"):
+        assert {f"{step}_cpu", f"{step}_memory"} <= inputs
+    # cuda is off by default: the committed YAML has no GPU branch and no GPU parameters
+    assert "cuda_precisions" not in inputs and "gpu_node_selector" not in inputs
+    assert loaded.component_spec.inputs["version"].default == ""  # unique per run unless given
 
 
-def _executors(doc: dict) -> dict[str, dict]:
-    return doc["deploymentSpec"]["executors"]
+@pytest.mark.parametrize("targets", [("cpu",), ("cpu", "cuda")])
+def test_every_producer_task_exists_in_its_dag(targets: tuple[str, ...], tmp_path: Path) -> None:
+    """Backends up to 2.15 fail with "cannot find producer task" when a loop's task name differs
+    from its key (a ParallelFor display name, kubeflow/pipelines#13239)."""
+    (doc, *_) = _compiled(tmp_path, targets=targets)
+    checked = 0
+    for dag in _dags(doc).values():
+        names = set(dag["tasks"])
+        for task in dag["tasks"].values():
+            assert set(task.get("dependentTasks", [])) <= names
+            for kind in ("artifacts", "parameters"):
+                for spec in task.get("inputs", {}).get(kind, {}).values():
+                    for ref in ("taskOutputArtifact", "taskOutputParameter"):
+                        if ref in spec:
+                            assert spec[ref]["producerTask"] in names, spec
+                            checked += 1
+        for output in dag.get("outputs", {}).get("artifacts", {}).values():
+            for selector in output.get("artifactSelectors", []):
+                assert selector["producerSubtask"] in names
+                checked += 1
+    assert checked >= 10
 
 
-def test_every_step_runs_on_the_component_image() -> None:
+@pytest.mark.parametrize("targets", [("cpu",), ("cpu", "cuda")])
+def test_loops_and_conditions_have_no_display_names(targets: tuple[str, ...], tmp_path: Path) -> None:
+    (doc, *_) = _compiled(tmp_path, targets=targets)
+    groups = {k: t for k, t in _all_tasks(doc).items() if k.startswith(("for-loop-", "condition-"))}
+    assert len(groups) == len(targets) + 1
+    assert all(task["taskInfo"]["name"] == key for key, task in groups.items())
+
+
+def test_every_step_runs_on_the_component_image_and_installs_nothing() -> None:
     from components.images import COMPONENT_IMAGE
 
-    docs = list(yaml.safe_load_all(COMPILED.read_text()))
-    images = {e["container"]["image"] for e in _executors(docs[0]).values()}
+    (doc, *_) = _docs(COMPILED)
+    images = {e["container"]["image"] for e in _executors(doc).values()}
     assert images == {COMPONENT_IMAGE}
-    # each step bootstraps only the kfp SDK (--no-deps); packages_to_install stays empty
-    text = COMPILED.read_text()
-    assert text.count("pip install") == text.count("pip install --quiet --no-warn-script-location 'kfp==") > 0
+    # install_kfp_package=False: the image carries kfp, no step reaches a package index at run time
+    assert "pip install" not in COMPILED.read_text()
+    golden = json.loads(COMPONENT_IO.read_text())
+    assert all(c["image"] == COMPONENT_IMAGE for c in golden.values())
 
 
-def test_cuda_steps_request_a_gpu_and_cpu_steps_do_not() -> None:
-    docs = list(yaml.safe_load_all(COMPILED.read_text()))
-    executors = _executors(docs[0])
-    gpu = {name for name, e in executors.items() if "accelerator" in e["container"].get("resources", {})}
-    # validate and benchmark of the cuda branch run on a GPU; optimize only builds the graph
-    assert len(gpu) == 2 and all(("validate" in n or "benchmark" in n) for n in gpu)
-    platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    assert set(platform) == gpu
-    for spec in platform.values():
-        assert spec["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
-        assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+def test_image_override_by_digest(tmp_path: Path) -> None:
+    image, gpu_image = f"registry.example.com/ml/ortpack-component@{DIGEST}", f"registry.example.com/ml/gpu@{DIGEST}"
+    (doc, *_) = _compiled(tmp_path, targets=("cpu", "cuda"), image=image, gpu_image=gpu_image)
+    by_image: dict[str, set[str]] = {}
+    for name, e in _executors(doc).items():
+        by_image.setdefault(e["container"]["image"], set()).add(name)
+    assert set(by_image) == {image, gpu_image}
+    assert by_image[gpu_image] == {"exec-optimize-variant-2", "exec-validate-variant-2", "exec-benchmark-variant-2"}
+
+
+def test_cli_image_options(tmp_path: Path) -> None:
+    out = tmp_path / "p.yaml"
+    env_image = f"example.org/c@{DIGEST}"
+    ok = _cli("compile", "--out", str(out), env={"ORTPACK_COMPONENT_IMAGE": env_image})
+    assert ok.returncode == 0, ok.stderr
+    assert f"image: {env_image}" in out.read_text() and "ghcr.io/ortpack" not in out.read_text()
+    tagged = _cli("compile", "--out", str(out), "--targets", "cpu,cuda", "--component-image", "example.org/c:1.2")
+    assert tagged.returncode == 0, tagged.stderr
+    assert "image: example.org/c:1.2-gpu" in out.read_text()
+    pinned = _cli("compile", "--out", str(out), "--targets", "cpu,cuda", "--component-image", env_image)
+    assert pinned.returncode == 2 and "give the GPU image explicitly" in pinned.stderr
+    bad = _cli("compile", "--out", str(out), "--component-image", "no tag here")
+    assert bad.returncode == 2 and "bad image reference" in bad.stderr
+
+
+def _resources(executor: dict[str, Any]) -> dict[str, Any]:
+    return executor["container"].get("resources", {})
+
+
+def test_every_heavy_step_has_requests_and_limits_from_parameters() -> None:
+    (doc, *_) = _docs(COMPILED)
+    defaults = {k: v.get("defaultValue") for k, v in doc["root"]["inputDefinitions"]["parameters"].items()}
+    for step in ("export-model", "optimize-variant", "validate-variant", "benchmark-variant", "package-bundle"):
+        res = _resources(_executors(doc)[f"exec-{step}"])
+        param = step.split("-")[0]
+        for field, kind in (
+            ("resourceCpuRequest", "cpu"),
+            ("resourceCpuLimit", "cpu"),
+            ("resourceMemoryLimit", "memory"),
+        ):
+            assert res[field] == f"{{{{$.inputs.parameters['pipelinechannel--{param}_{kind}']}}}}", (step, res)
+        assert defaults[f"{param}_cpu"] and defaults[f"{param}_memory"].endswith("Gi")
+    for step in ("resolve-source", "check-gate", "publish-bundle"):  # small fixed budgets
+        res = _resources(_executors(doc)[f"exec-{step}"])
+        assert res["cpuLimit"] > 0 and res["memoryLimit"] > 0
+
+
+def test_retries_and_cache_policy() -> None:
+    (doc, *_) = _docs(COMPILED)
+    tasks = _all_tasks(doc)
+    for name in ("export-model", "optimize-variant", "resolve-source", "publish-bundle"):
+        assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2, name
+    for name in ("benchmark-variant", "resolve-source", "package-bundle", "publish-bundle"):
+        assert not tasks[name]["cachingOptions"].get("enableCache"), f"{name} must never be served from cache"
+    for name in ("export-model", "optimize-variant", "validate-variant"):
+        assert tasks[name]["cachingOptions"]["enableCache"] is True
+    # the export's cache key sees the source's content, through the resolve step's output
+    pins = tasks["export-model"]["inputs"]["parameters"]["source_versions"]
+    assert pins["taskOutputParameter"]["producerTask"] == "resolve-source"
 
 
 def test_cache_key_includes_the_onnxruntime_version() -> None:
@@ -86,6 +195,77 @@ def test_cache_key_includes_the_onnxruntime_version() -> None:
     assert f"constant: {ORT_VERSION}" in COMPILED.read_text() or f"'{ORT_VERSION}'" in COMPILED.read_text()
 
 
+def test_secrets_are_optional_volumes_named_by_parameters() -> None:
+    """Optional secret volumes work from backend 2.14 (optional secret env vars only from 2.15)."""
+    from pipelines.package_model import CREDENTIALS_DIR, SIGNING_DIR
+
+    platform = _platform(_docs(COMPILED))
+    wired = {}
+    for name, spec in platform.items():
+        assert "secretAsEnv" not in spec
+        for volume in spec.get("secretAsVolume", []):
+            assert volume["optional"] is True
+            wired[(name, volume["mountPath"])] = volume["secretNameParameter"]["componentInputParameter"]
+    assert wired == {
+        ("exec-resolve-source", CREDENTIALS_DIR): "credentials_secret",
+        ("exec-export-model", CREDENTIALS_DIR): "credentials_secret",
+        ("exec-publish-bundle", CREDENTIALS_DIR): "pipelinechannel--credentials_secret",
+        ("exec-package-bundle", SIGNING_DIR): "signing_secret",
+    }
+    from components.core.sources import CREDENTIALS_DIR as LIBRARY_DIR
+
+    assert CREDENTIALS_DIR == LIBRARY_DIR
+
+
+def test_publish_runs_only_after_the_gate_and_only_when_asked() -> None:
+    (doc, *_) = _docs(COMPILED)
+    root = doc["root"]["dag"]["tasks"]
+    (condition,) = [t for k, t in root.items() if k.startswith("condition-")]
+    assert condition["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--publish_to'] != ''"
+    assert "check-gate" in condition["dependentTasks"]
+    assert (
+        root["check-gate"]["inputs"]["artifacts"]["verdict"]["taskOutputArtifact"]["producerTask"] == "package-bundle"
+    )
+
+
+def test_cuda_is_off_by_default_and_gpu_steps_are_parameterized(gpu_docs: list[dict[str, Any]]) -> None:
+    from components.images import GPU_COMPONENT_IMAGE, GPU_ORT_VERSION
+
+    text = COMPILED.read_text()
+    assert "nvidia.com/gpu" not in text and "accelerator" not in text and "for-loop-2" not in text
+    doc = gpu_docs[0]
+    gpu = {name for name, e in _executors(doc).items() if "accelerator" in _resources(e)}
+    # validate and benchmark of the cuda branch run on a GPU; optimize only builds the graph
+    assert gpu == {"exec-validate-variant-2", "exec-benchmark-variant-2"}
+    for name in gpu:
+        accelerator = _resources(_executors(doc)[name])["accelerator"]
+        assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--gpu_accelerator']}}"
+        assert _executors(doc)[name]["container"]["image"] == GPU_COMPONENT_IMAGE
+        spec = _platform(gpu_docs)[name]
+        assert (
+            spec["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "pipelinechannel--gpu_node_selector"
+        )
+        assert int(spec["activeDeadlineSeconds"]) > 0
+        assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+    params = doc["root"]["inputDefinitions"]["parameters"]
+    assert params["gpu_node_selector"]["defaultValue"] == {} and params["gpu_accelerator"]["defaultValue"]
+    assert params["cuda_precisions"]["defaultValue"] == ["fp16"]
+    loop = doc["components"]["comp-for-loop-2"]["dag"]["tasks"]
+    assert loop["optimize-variant-2"]["inputs"]["parameters"]["ort_version"]["runtimeValue"]["constant"] == (
+        GPU_ORT_VERSION
+    )
+
+
+def test_model_pvc_is_mounted_where_the_model_is_read(gpu_docs: list[dict[str, Any]]) -> None:
+    from pipelines.package_model import MODEL_MOUNT
+
+    mounted = {
+        n for n, s in _platform(gpu_docs).items() for p in s.get("pvcMount", []) if p["mountPath"] == MODEL_MOUNT
+    }
+    assert mounted == {"exec-resolve-source", "exec-export-model"}
+    assert "pvcMount" not in COMPILED.read_text()
+
+
 def test_compiling_imports_neither_torch_nor_onnxruntime(tmp_path: Path) -> None:
     code = (
         "import sys; from pipelines.golden import compile_pipeline; from pathlib import Path;"
@@ -96,13 +276,23 @@ def test_compiling_imports_neither_torch_nor_onnxruntime(tmp_path: Path) -> None
     assert out.strip() == "[]"
 
 
-def test_cli_compile(tmp_path: Path) -> None:
-    out = tmp_path / "cpu.yaml"
-    result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "compile", "--targets", "cpu", "--out", str(out)],
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
         capture_output=True,
         text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
     )
+
+
+def test_cli_compile(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.yaml"
+    result = _cli("compile", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "nvidia.com/gpu" not in out.read_text()
-    assert "cuda-variants" not in out.read_text() and "cpu-variants" in out.read_text()
+    assert out.read_bytes() == COMPILED.read_bytes()  # the default compile is the committed YAML
+    both = _cli("compile", "--targets", "cpu,cuda", "--out", str(out))
+    assert both.returncode == 0, both.stderr
+    assert "for-loop-2" in out.read_text() and "nvidia.com/gpu" in out.read_text()

@@ -1,27 +1,103 @@
-"""The whole packaging flow in one process, without KFP: export, then per variant optimize,
-validate and benchmark, then package what passed. `ortpack build` calls this; the Kubeflow
-pipeline runs the same steps as separate components."""
+"""The packaging flow, in one process or as pipeline steps.
+
+`build_bundle` runs export, then per variant optimize, validate and benchmark, then package, in
+one process (`ortpack build`). The Kubeflow pipeline runs the same steps as separate components:
+each component converts its artifacts to paths and calls one `run_*_step` function here, which
+returns the step's KFP metrics and artifact metadata (`StepOutput`).
+
+The mapping between user options and specs lives here once: `export_parameters` turns the
+model options into the pipeline's parameters, and `export_spec_from_parameters` turns those
+parameters into an `ExportSpec`; the CLI (`run`, `submit`) and the export component both use it.
+Only light modules are imported at module level (the CLI validates options with this module
+before any heavy work).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from components.core.artifacts import ExportResult, VariantRecord
-from components.core.benchmark import benchmark_variant
 from components.core.errors import InvalidSpecError
-from components.core.export import export_model
-from components.core.optimize import optimize_model
-from components.core.package import package_bundle
-from components.core.parity import validate_variant
-from components.core.report import write_report
-from components.core.specs import BuildSpec, thresholds_for
-from serving.bundle import Manifest
+from components.core.specs import BuildSpec, ExportSpec, thresholds_for
+
+if TYPE_CHECKING:
+    from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
+    from serving.bundle import Manifest
 
 log = logging.getLogger("ortpack.build")
+
+PREPROCESSING_KEYS = ("resize_size", "crop_size", "mean", "std")
+
+
+# ---------------------------------------------------------------------------- options <-> specs
+
+
+def export_parameters(
+    *,
+    task: str,
+    name: str | None = None,
+    max_length: int | None = None,
+    weights: str | None = None,
+    labels: str | None = None,
+    resize_size: int | None = None,
+    crop_size: int | None = None,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    allow_degenerate_reference: bool = False,
+) -> dict[str, Any]:
+    """The export step's pipeline parameters for these model options (KFP parameters have no
+    None: "" and 0 mean "not given", and preprocessing overrides travel as one dict)."""
+    given = {"resize_size": resize_size, "crop_size": crop_size, "mean": mean, "std": std}
+    return {
+        "task": task,
+        "name": name or "",
+        "max_length": max_length or 0,
+        "weights": weights or "",
+        "labels": labels or "",
+        "preprocessing": {k: list(v) if isinstance(v, tuple) else v for k, v in given.items() if v},
+        "allow_degenerate_reference": bool(allow_degenerate_reference),
+    }
+
+
+def export_spec_from_parameters(params: Mapping[str, Any], *, source: str, default_name: str) -> ExportSpec:
+    """The ExportSpec of the export step's parameters (`export_parameters`); validated, so a bad
+    value fails here, before any heavy work."""
+    pre = dict(params.get("preprocessing") or {})
+    unknown = sorted(set(pre) - set(PREPROCESSING_KEYS))
+    if unknown:
+        raise InvalidSpecError(f"unknown preprocessing key {unknown[0]!r} (known: {', '.join(PREPROCESSING_KEYS)})")
+    return ExportSpec(
+        source=source,
+        task=str(params["task"]),
+        name=str(params.get("name") or default_name),
+        max_length=int(params.get("max_length") or 0) or None,
+        weights=str(params.get("weights") or "") or None,
+        labels=str(params.get("labels") or "") or None,
+        resize_size=pre.get("resize_size"),
+        crop_size=pre.get("crop_size"),
+        mean=tuple(pre["mean"]) if pre.get("mean") else None,  # type: ignore[arg-type]
+        std=tuple(pre["std"]) if pre.get("std") else None,  # type: ignore[arg-type]
+        allow_degenerate_reference=bool(params.get("allow_degenerate_reference", False)),
+    )
+
+
+def resolve_version(version: str, run_id: str) -> str:
+    """The bundle version: `version` when given, else unique per run: the UTC time and a short
+    hash of the run id (`20261130.101500-1a2b3c4d`; also a valid OCI tag)."""
+    if version:
+        return version
+    stamp = time.strftime("%Y%m%d.%H%M%S", time.gmtime())
+    return f"{stamp}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+
+
+# ---------------------------------------------------------------------------- one process
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +114,14 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
     `NoVariantPassedError` when every variant misses its gate; `out_dir` is then left untouched
     (the report of the failed build stays in `work_dir` when one was given).
     """
+    from components.core.artifacts import VariantRecord
+    from components.core.benchmark import benchmark_variant
+    from components.core.export import export_model
+    from components.core.optimize import optimize_model
+    from components.core.package import package_bundle
+    from components.core.parity import validate_variant
+    from components.core.report import write_report
+
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise InvalidSpecError(f"output directory exists: {out_dir} (use --force to replace it)")
@@ -68,3 +152,257 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
     finally:
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- pipeline steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepOutput:
+    """What a pipeline step reports to KFP: metrics (flat names) and its output's metadata."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    passed: bool = True
+
+
+def kfp_metrics(result: ExportResult | OptimizeResult | ParityReport | BenchmarkResult) -> dict[str, float]:
+    """The stable KFP metric names of a step's result (README, "Metrics")."""
+    from components.core.artifacts import ExportResult, OptimizeResult
+
+    if isinstance(result, ExportResult):
+        out = {f"export.{k}": float(v) for k, v in result.metrics.items()}
+        out.update({f"torch.p50_ms.{shape}": float(s["p50_ms"]) for shape, s in result.torch_latency.items()})
+        return out
+    if isinstance(result, OptimizeResult):
+        out = {f"optimize.{k}": float(result.metrics[k]) for k in ("nodes_before", "nodes_after", "mb", "seconds")}
+        out.update({f"optimize.fusions.{op}": float(n) for op, n in result.metrics.get("fusions", {}).items()})
+        return out
+    return result.metrics()
+
+
+def run_export_step(
+    out_dir: Path, *, model_uri: str, source_versions: str = "", params: Mapping[str, Any]
+) -> StepOutput:
+    """The export step: fetch what `model_uri` (and a `weights`/`labels` URI) names, export it, and
+    record where it came from and its content digest in the export's source (the manifest's
+    `source`: `id` the URI, `revision` the commit (hf://) or the content's sha256 tree digest).
+
+    `source_versions` is what the resolve step saw (`sources.resolve_source_versions`): hf://
+    downloads exactly that commit, and a source that changed since fails."""
+    import dataclasses
+
+    from components.core.export import export_model
+    from components.core.sources import (
+        default_name,
+        fetch_source,
+        is_remote,
+        load_credentials,
+        parse_source_versions,
+        resolve_model_source,
+        tree_digest,
+    )
+
+    loaded = load_credentials()
+    if loaded:
+        log.info("export: credentials from the mounted secret: %s", ", ".join(loaded))
+    params = dict(params)
+    pins = parse_source_versions(source_versions)
+    fetch_root = Path(tempfile.mkdtemp(prefix="ortpack-fetch-"))
+    try:
+        fetched = None
+        model = model_uri
+        if is_remote(model_uri):
+            log.info("export: fetching %s", model_uri)
+            fetched = fetch_source(model_uri, fetch_root / "model", pinned=pins.get("model", ""))
+            model = str(fetched.path)
+        for key in ("weights", "labels"):
+            if is_remote(params.get(key)):
+                log.info("export: fetching %s", params[key])
+                fetched_file = fetch_source(params[key], fetch_root / key, kind=key, pinned=pins.get(key, ""))
+                params[key] = str(fetched_file.path)
+        source, name = resolve_model_source(model, str(params["task"]))
+        if fetched is not None:
+            name = default_name(model_uri)
+        spec = export_spec_from_parameters(params, source=source, default_name=name)
+        result = export_model(spec, Path(out_dir))
+        record = dict(result.source)
+        if fetched is not None:
+            record.update(id=model_uri, revision=fetched.revision or fetched.digest)
+        elif record.get("revision") is None and Path(source).exists():
+            record["revision"] = tree_digest(Path(source))
+        result = dataclasses.replace(result, source=record)
+        result.save(Path(out_dir))
+    finally:
+        shutil.rmtree(fetch_root, ignore_errors=True)
+    return StepOutput(
+        metrics=kfp_metrics(result),
+        metadata={"task": result.task, "name": result.name, "opset": result.opset, "source": record},
+    )
+
+
+def run_optimize_step(export_dir: Path, out_dir: Path, *, target: str, precision: str) -> StepOutput:
+    """The optimize step: one variant (target x precision) from the export."""
+    from components.core.optimize import optimize_model
+    from components.core.specs import VariantSpec
+
+    result = optimize_model(Path(export_dir), VariantSpec(target=target, precision=precision), Path(out_dir))
+    return StepOutput(
+        metrics=kfp_metrics(result),
+        metadata={
+            "variant_id": result.variant_id,
+            "execution_providers": result.execution_providers,
+            "ort_version": result.ort_version,
+            "offline_optimization_level": result.offline_optimization_level,
+        },
+    )
+
+
+def run_validate_step(
+    export_dir: Path,
+    variant_dir: Path,
+    out_dir: Path,
+    *,
+    threshold_overrides: Mapping[str, Mapping[str, float]],
+    allow_off_target: bool = False,
+    fail_on_miss: bool = False,
+) -> StepOutput:
+    """The validate step: the variant's gate (the task's defaults for its precision, with the
+    overrides applied) against the PyTorch reference; `passed` is the verdict."""
+    from components.core.artifacts import ExportResult, OptimizeResult
+    from components.core.parity import validate_variant
+
+    built = OptimizeResult.load(Path(variant_dir))
+    task = ExportResult.load(Path(export_dir)).task
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    overrides = {k: dict(v) for k, v in threshold_overrides.items()}
+    parity = validate_variant(
+        Path(variant_dir),
+        Path(export_dir),
+        thresholds_for(task, built.precision, overrides),
+        out_dir=Path(out_dir),
+        allow_off_target=allow_off_target,
+    )
+    log.info("parity %s", parity.summary())
+    if fail_on_miss:
+        parity.raise_if_failed()
+    return StepOutput(
+        metrics=kfp_metrics(parity),
+        metadata={"variant_id": parity.variant_id, "passed": parity.passed, "misses": parity.misses},
+        passed=parity.passed,
+    )
+
+
+def run_benchmark_step(export_dir: Path, variant_dir: Path, report_dir: Path, out_dir: Path) -> StepOutput:
+    """The benchmark step: gather the variant's graph and records into `out_dir`, then measure it
+    (a variant that missed its gate is recorded as skipped, not measured)."""
+    from components.core.artifacts import BenchmarkResult, ParityReport, gather_variant
+    from components.core.benchmark import benchmark_variant
+
+    out = gather_variant(Path(variant_dir), Path(report_dir), Path(out_dir))
+    parity = ParityReport.load(out)
+    if not parity.passed:
+        reason = "missed its parity gate"
+        BenchmarkResult(
+            variant_id=parity.variant_id, execution_providers=[], shapes={}, speedup_vs_torch={}, skipped=reason
+        ).save(out)
+        log.info("benchmark %s: skipped (%s)", parity.variant_id, reason)
+        return StepOutput(metadata={"variant_id": parity.variant_id, "passed": False}, passed=False)
+    result = benchmark_variant(out, Path(export_dir))
+    return StepOutput(metrics=kfp_metrics(result), metadata={"variant_id": result.variant_id, "passed": True})
+
+
+def run_package_step(
+    export_dir: Path,
+    variant_dirs: list[Path],
+    *,
+    bundle_dir: Path,
+    report_html: Path,
+    summary_md: Path,
+    verdict_dir: Path,
+    version: str,
+    run_id: str,
+    sign_key: str = "",
+) -> StepOutput:
+    """The package step: the report and summary, then the bundle of every variant that passed
+    (signed when `sign_key` names a private key), then the verdict (`package.Verdict`).
+
+    It does not fail when no variant passed (a failed step's outputs are lost on the backend):
+    the verdict says so, and the gate step fails the run from it."""
+    from components.core.artifacts import VariantRecord
+    from components.core.errors import NoVariantPassedError, one_line
+    from components.core.package import Verdict, package_bundle, sign_written_bundle
+    from components.core.report import write_report
+    from serving.bundle import MANIFEST_NAME, sha256_file
+
+    export_dir = Path(export_dir)
+    records = sorted((VariantRecord.load(Path(d)) for d in variant_dirs), key=lambda r: r.variant_id)
+    write_report(export_dir, records, Path(report_html), Path(summary_md))
+    metrics = {"variants.built": float(len(records)), "variants.passed": float(sum(r.passed for r in records))}
+    for rec in records:
+        for key, value in rec.parity.metrics().items():
+            metrics[f"{rec.variant_id}.{key}"] = value
+        for key, value in (rec.benchmark.metrics() if rec.benchmark else {}).items():
+            metrics[f"{rec.variant_id}.{key}"] = value
+    version = resolve_version(version, run_id)
+    misses = {r.variant_id: list(r.parity.misses) for r in records}
+    from components.core.artifacts import ExportResult
+
+    name = ExportResult.load(export_dir).name
+    try:
+        manifest = package_bundle(export_dir, records, Path(bundle_dir), version=version, report_html=Path(report_html))
+    except NoVariantPassedError as exc:
+        verdict = Verdict(passed=False, name=name, version=version, variants=misses, reason=one_line(exc))
+        verdict.save(Path(verdict_dir))
+        log.error("package: %s", verdict.reason)
+        return StepOutput(metrics=metrics, metadata={"passed": False, "version": version}, passed=False)
+    if sign_key:
+        sign_written_bundle(Path(bundle_dir), Path(sign_key))
+    metrics["bundle.mb"] = sum(f.bytes for f in manifest.files.values()) / 1e6
+    verdict = Verdict(
+        passed=True,
+        name=manifest.name,
+        version=manifest.version,
+        variants=misses,
+        manifest_sha256=sha256_file(Path(bundle_dir) / MANIFEST_NAME),
+        signed=bool(sign_key),
+    )
+    verdict.save(Path(verdict_dir))
+    return StepOutput(
+        metrics=metrics,
+        metadata={
+            "name": manifest.name,
+            "version": manifest.version,
+            "variants": [v.id for v in manifest.variants],
+            "manifest_sha256": verdict.manifest_sha256,
+            "signed": verdict.signed,
+        },
+    )
+
+
+def run_gate_step(verdict_dir: Path) -> str:
+    """The gate step: fail (NoVariantPassedError, the one-line reason) when no variant passed;
+    else return the bundle's version."""
+    from components.core.package import Verdict
+
+    verdict = Verdict.load(Path(verdict_dir))
+    verdict.raise_if_failed()
+    log.info(
+        "gate: %s %s passed (%s)",
+        verdict.name,
+        verdict.version,
+        ", ".join(k for k, v in verdict.variants.items() if not v),
+    )
+    return verdict.version
+
+
+def run_publish_step(bundle_dir: Path, destination: str) -> str:
+    """The publish step: push the bundle to an OCI registry or upload it as a tar to S3; return the
+    pinned URI (credentials from the mounted secret, `sources.load_credentials`)."""
+    from components.core.package import publish_bundle
+    from components.core.sources import load_credentials
+
+    load_credentials()
+    pinned = publish_bundle(Path(bundle_dir), destination)
+    log.info("publish: %s", pinned)
+    return pinned

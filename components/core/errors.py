@@ -34,3 +34,20 @@ class NoVariantPassedError(ParityError):
 
 class UnsupportedHereError(OrtpackError, RuntimeError):
     """The requested target or precision cannot be built or run in this environment."""
+
+
+def one_line(exc: BaseException | str, limit: int | None = None) -> str:
+    """`exc`'s message on one line (whitespace collapsed), at most `limit` characters; an exception
+    without a message gives its type name. Every error this project prints goes through here."""
+    text = " ".join(str(exc).split())
+    if not text and isinstance(exc, BaseException):
+        text = type(exc).__name__
+    return text if limit is None or len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+class SourceError(ModelLoadError):
+    """A model URI is malformed, names nothing, or holds what ortpack refuses to load (pickled weights)."""
+
+
+class SourceUnreachableError(OrtpackError, RuntimeError):
+    """The store behind a model URI cannot be reached, or refused the credentials."""

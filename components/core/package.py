@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +113,139 @@ def _ortpack_version() -> str:
         return version("ortpack")
     except PackageNotFoundError:
         return "0+unknown"
+
+
+# ---------------------------------------------------------------------------- the pipeline's verdict
+
+VERDICT_FILE = "verdict.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the package step decided, written as an artifact of its own before the run's outcome:
+    on a Kubeflow backend a failed step uploads none of its outputs, so the package step never
+    fails; the gate step after it fails the run from this record, and the record survives."""
+
+    passed: bool
+    name: str
+    version: str
+    variants: dict[str, list[str]]  # variant id -> its misses ([] when it passed)
+    reason: str = ""  # one line, when nothing passed
+    manifest_sha256: str | None = None
+    signed: bool = False
+
+    def save(self, directory: Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / VERDICT_FILE
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, directory: Path) -> Verdict:
+        path = Path(directory) / VERDICT_FILE
+        if not path.is_file():
+            raise ValueError(f"{directory} holds no {VERDICT_FILE}")
+        raw = json.loads(path.read_text())
+        return cls(**{k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}})
+
+    def raise_if_failed(self) -> None:
+        if not self.passed:
+            raise NoVariantPassedError(self.reason or "no variant passed its parity gate")
+
+
+def sign_key_password(key: Path) -> str | None:
+    """The signing key's password: $ORTPACK_SIGN_KEY_PASSWORD, else a `password` file beside the
+    key (the signing secret's optional `password` key), else none."""
+    import os
+
+    if os.environ.get(SIGN_PASSWORD_ENV):
+        return os.environ[SIGN_PASSWORD_ENV]
+    beside = Path(key).with_name("password")
+    return beside.read_text().strip() if beside.is_file() else None
+
+
+SIGN_PASSWORD_ENV = "ORTPACK_SIGN_KEY_PASSWORD"
+
+
+def sign_written_bundle(bundle_dir: Path, key: Path) -> str:
+    """Sign a bundle (OpenSSF model signing, serving/signing.py); return the key's fingerprint."""
+    from components.core.errors import InvalidSpecError
+
+    key = Path(key)
+    if not key.is_file():
+        raise InvalidSpecError(
+            f"signing key not found: {key} (on a cluster: does the signing secret exist, with a key.pem entry?)"
+        )
+    from serving.signing import sign_bundle
+
+    signature = sign_bundle(Path(bundle_dir), key, password=sign_key_password(key))
+    log.info("package: signed %d files (key sha256 %s)", len(signature.files), signature.key_fingerprint[:16])
+    return signature.key_fingerprint
+
+
+# ---------------------------------------------------------------------------- publishing
+
+
+def publish_bundle(bundle_dir: Path, destination: str) -> str:
+    """Publish a verified bundle and return its pinned URI.
+
+    `oci://HOST[:PORT]/REPO[:TAG]`: pushed as an OCI artifact (serving/oci.py; the tag defaults to
+    the bundle's version), returned as `oci://HOST/REPO@sha256:...`. `s3://BUCKET/PREFIX/` (or
+    `minio://`): uploaded as `PREFIX/NAME-VERSION.tar` (or to the `.tar` key given), never over
+    an existing object, with the tar's sha256 as object metadata; returned as its URI."""
+    from components.core.errors import InvalidSpecError
+    from components.core.sources import uri_scheme
+    from serving.bundle import verify_bundle
+
+    manifest = verify_bundle(Path(bundle_dir))
+    scheme = uri_scheme(destination)
+    if scheme == "oci":
+        from serving.oci import OciReference, push_bundle
+
+        ref = OciReference.parse(destination)
+        target = destination if ref.tag or ref.digest else f"{destination}:{manifest.version}"
+        return push_bundle(Path(bundle_dir), target)
+    if scheme in ("s3", "minio"):
+        return _publish_tar(Path(bundle_dir), destination, f"{manifest.name}-{manifest.version}.tar")
+    raise InvalidSpecError(
+        f"cannot publish to {destination!r}: use oci://HOST[:PORT]/REPO[:TAG] or s3://BUCKET/PREFIX/ (or minio://)"
+    )
+
+
+def _publish_tar(bundle_dir: Path, destination: str, default_key: str) -> str:
+    import tarfile
+    import tempfile
+    import urllib.parse
+
+    from components.core.errors import InvalidSpecError
+    from components.core.sources import ARCHIVE_SUFFIXES, s3_client, s3_errors
+    from serving.bundle import sha256_file
+
+    parts = urllib.parse.urlsplit(destination)
+    bucket, key = parts.netloc, parts.path.lstrip("/")
+    if not bucket:
+        raise InvalidSpecError(f"publish destination has no bucket: {destination}")
+    if not key.endswith(ARCHIVE_SUFFIXES):
+        key = (key.rstrip("/") + "/" if key else "") + default_key
+    uri = f"{parts.scheme}://{bucket}/{key}"
+    client = s3_client(destination)
+    from botocore.exceptions import ClientError
+
+    with s3_errors(uri):
+        try:
+            client.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        else:
+            raise InvalidSpecError(f"{uri} exists: a published bundle is never replaced (give another --version)")
+        with tempfile.TemporaryDirectory(prefix="ortpack-publish-") as tmp:
+            archive = Path(tmp) / "bundle.tar"
+            with tarfile.open(archive, "w") as tar:
+                for path in sorted(p for p in bundle_dir.rglob("*") if p.is_file()):
+                    tar.add(path, arcname=path.relative_to(bundle_dir).as_posix(), recursive=False)
+            sha = sha256_file(archive)
+            client.upload_file(str(archive), bucket, key, ExtraArgs={"Metadata": {"sha256": sha}})
+    log.info("publish: %s (sha256 %s)", uri, sha)
+    return uri

