@@ -4,10 +4,10 @@
                              [--server-root DIR]
 
 One ortpack server on the bundle (int8, default options). Each round posts one request of 300
-texts of ~4 KB (truncated to the model's max length: the heaviest request the defaults allow in
-bytes and tokens), and while it runs, two clients post single sentences one after another (16-32
-tokens, from bench/data/queries.jsonl). Reported: the probes' p50/p99/max latency and count, and
-the big request's latency. `--server-root` runs the server from another checkout (e.g. the code
+texts of 4 KB (truncated to the model's max length), and while it runs, a single sentence (16-32
+tokens, from bench/data/queries.jsonl) every 50 ms, open loop (each probe leaves on time however
+long the others wait, like independent users). Reported: the probes' p50/p99/max latency and
+count, and the big request's latency. `--server-root` runs the server from another checkout (e.g. the code
 before a change) with this script's load. Prints a table and merges the run into
 bench/results/fairness.json under `--label`.
 """
@@ -15,10 +15,10 @@ bench/results/fairness.json under `--label`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,50 +46,41 @@ def big_texts(queries: list[str]) -> list[str]:
     return texts
 
 
-def one_round(url: str, texts: list[str], queries: list[str], probe_clients: int) -> tuple[float, list[float], int]:
-    """One big request and probes until it is answered: (its seconds, probe seconds, errors)."""
-    running, done = threading.Event(), threading.Event()
-    probes: list[float] = []
-    big_seconds: list[float] = []
-    errors: list[int] = []
+async def one_round(
+    url: str, texts: list[str], queries: list[str], interval_s: float
+) -> tuple[float, list[float], int]:
+    """One big request, and a single-sentence probe every `interval_s` (open loop: each probe is
+    sent on time whatever the others wait, as independent users would) until it is answered:
+    (its seconds, the probes' seconds, errors)."""
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
-    def big() -> None:
-        with httpx.Client(base_url=url, timeout=120) as client:
+        async def timed(body: dict[str, Any]) -> tuple[float, int]:
             started = time.perf_counter()
-            running.set()
-            answer = client.post("/v1/embeddings", json={"input": texts})
-            big_seconds.append(time.perf_counter() - started)
-            errors.append(answer.status_code != 200)
-        done.set()
+            answer = await client.post("/v1/embeddings", json=body)
+            return time.perf_counter() - started, answer.status_code
 
-    def probe(offset: int) -> None:
-        running.wait()
-        time.sleep(0.2)  # the big request is being tokenized and queued
-        with httpx.Client(base_url=url, timeout=120) as client:
-            i = offset
-            while not done.is_set():
-                started = time.perf_counter()
-                answer = client.post("/v1/embeddings", json={"input": queries[i % len(queries)]})
-                if not done.is_set():
-                    probes.append(time.perf_counter() - started)
-                errors.append(answer.status_code != 200)
-                i += probe_clients
-
-    threads = [threading.Thread(target=big)] + [threading.Thread(target=probe, args=(k,)) for k in range(probe_clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    return big_seconds[0] if big_seconds else float("nan"), probes, sum(errors)
+        big = asyncio.ensure_future(timed({"input": texts}))
+        probes = []
+        i = 0
+        await asyncio.sleep(interval_s)
+        while not big.done():
+            probes.append(asyncio.ensure_future(timed({"input": queries[i % len(queries)]})))
+            i += 1
+            await asyncio.sleep(interval_s)
+        big_seconds, big_status = await big
+        answers = await asyncio.gather(*probes)
+    errors = int(big_status != 200) + sum(status != 200 for _, status in answers)
+    return big_seconds, [seconds for seconds, _ in answers], errors
 
 
-def measure(url: str, queries: list[str], rounds: int, probe_clients: int = 2) -> dict[str, Any]:
+def measure(url: str, queries: list[str], rounds: int, interval_s: float = 0.05) -> dict[str, Any]:
     texts = big_texts(queries)
     probes: list[float] = []
     bigs: list[float] = []
     errors = 0
     for _ in range(rounds):
-        seconds, latencies, failed = one_round(url, texts, queries, probe_clients)
+        seconds, latencies, failed = asyncio.run(one_round(url, texts, queries, interval_s))
         bigs.append(seconds)
         probes += latencies
         errors += failed
