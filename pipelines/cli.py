@@ -243,6 +243,7 @@ def _graph_options(args: argparse.Namespace, targets: list[str]) -> Any:
         gpu_image=gpu_image,
         model_pvc=args.model_pvc or None,
         gpu_timeout_s=args.gpu_timeout,
+        cache=not args.no_cache,
     )
 
 
@@ -360,7 +361,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
             namespace=args.namespace,
             token=os.environ.get(args.token_env) or None,
             pipeline_name=args.pipeline_name,
-            enable_caching=False if args.no_cache else None,
             service_account=args.service_account,
             pipeline_root=args.pipeline_root,
         )
@@ -726,6 +726,11 @@ def _add_graph(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"activeDeadlineSeconds of the GPU steps' pods (default: {GPU_TIMEOUT_S})",
     )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile every step with caching off (a run of an uploaded version cannot override it)",
+    )
 
 
 def _add_publish(p: argparse.ArgumentParser) -> None:
@@ -794,7 +799,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--poll", type=float, default=10.0, metavar="SECONDS", help="with --wait: poll interval (default: 10)"
     )
-    p.add_argument("--no-cache", action="store_true", help="run every step, reusing no cached result")
     p.add_argument("--service-account", help="Kubernetes service account the run's pods use")
     p.add_argument(
         "--pipeline-root",

@@ -31,6 +31,7 @@ class GraphOptions:
     gpu_image: str | None = None  # None: components.images.GPU_COMPONENT_IMAGE
     model_pvc: str | None = None
     gpu_timeout_s: int = 2 * 3600  # pipelines.package_model.GPU_TIMEOUT_S
+    cache: bool = True  # False: no step is served from cache (--no-cache)
 
 
 def component_io() -> dict[str, Any]:
@@ -70,7 +71,12 @@ def build_pipeline(options: GraphOptions | None = None) -> Any:
 
     o = options or GraphOptions()
     return make_pipeline(
-        o.targets, image=o.image, gpu_image=o.gpu_image, model_pvc=o.model_pvc, gpu_timeout_s=o.gpu_timeout_s
+        o.targets,
+        image=o.image,
+        gpu_image=o.gpu_image,
+        model_pvc=o.model_pvc,
+        gpu_timeout_s=o.gpu_timeout_s,
+        cache=o.cache,
     )
 
 

@@ -95,13 +95,15 @@ def make_pipeline(
     gpu_image: str | None = None,
     model_pvc: str | None = None,
     gpu_timeout_s: int = GPU_TIMEOUT_S,
+    cache: bool = True,
 ) -> Callable[..., Any]:
     """The `package_model` pipeline for `targets` (a subset of cpu, cuda, in that order).
 
     `parallelism` caps how many variants of one target run at once (0: no cap; local runs use 1 so
     that benchmarks do not share this machine's cores). `image` / `gpu_image` replace the component
     images (tag or digest); `model_pvc` mounts that PersistentVolumeClaim at /mnt/models in the
-    steps that read the model.
+    steps that read the model; `cache=False` turns caching off for every step (`--no-cache`: a
+    run of an uploaded pipeline version cannot override its compiled caching options).
     """
     targets = [t for t in ALL_TARGETS if t in targets]
     if not targets:
@@ -109,6 +111,9 @@ def make_pipeline(
     has_cpu, has_cuda = "cpu" in targets, "cuda" in targets
     cpu_image = image or COMPONENT_IMAGE
     cuda_image = gpu_image or GPU_COMPONENT_IMAGE
+
+    def cached(task: dsl.PipelineTask, enabled: bool = True) -> dsl.PipelineTask:
+        return task.set_caching_options(enabled and cache)
 
     def variant_branch(target: str, precision: Any, exported: Any, p: dict[str, Any]) -> Any:
         """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
@@ -125,7 +130,9 @@ def make_pipeline(
         measured = benchmark_variant(
             exported=exported, variant=variant, report=validated.outputs["report"], ort_version=ort
         )
-        measured.set_caching_options(False)  # a benchmark measures this run's hardware, never a cache
+        cached(measured, False)  # a benchmark measures this run's hardware, never a cache
+        cached(optimized)
+        cached(validated)
         optimized.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
         for task, step in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
             task.set_display_name(f"{step} {target}")
@@ -210,7 +217,7 @@ def make_pipeline(
         """
         p = dict(locals())
         resolved = resolve_source(model_uri=model_uri, weights=weights, labels=labels)
-        resolved.set_display_name("resolve source").set_caching_options(False)
+        cached(resolved.set_display_name("resolve source"), False)
         exported = export_model(
             model_uri=model_uri,
             source_versions=resolved.output,
@@ -222,7 +229,7 @@ def make_pipeline(
             preprocessing=preprocessing,
             allow_degenerate_reference=allow_degenerate_reference,
         )
-        exported.set_display_name("export").set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+        cached(exported.set_display_name("export")).set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
         _resources(exported, export_cpu, export_memory)
         for reader in (resolved, exported):
             reader.set_container_image(cpu_image)
@@ -246,15 +253,15 @@ def make_pipeline(
             sign_key=sign_key,
             **measured,
         )
-        packaged.set_display_name("package").set_caching_options(False).set_container_image(cpu_image)
+        cached(packaged.set_display_name("package"), False).set_container_image(cpu_image)
         _resources(packaged, package_cpu, package_memory)
         _with_secret(packaged, signing_secret, SIGNING_DIR)
         gate = check_gate(verdict=packaged.outputs["verdict"])
-        gate.set_display_name("gate").set_container_image(cpu_image)
+        cached(gate.set_display_name("gate")).set_container_image(cpu_image)
         _resources(gate, *SMALL_STEP)
         with dsl.If(publish_to != ""):
             published = publish_bundle(bundle=packaged.outputs["bundle"], publish_to=publish_to).after(gate)
-            published.set_display_name("publish").set_caching_options(False).set_container_image(cpu_image)
+            cached(published.set_display_name("publish"), False).set_container_image(cpu_image)
             published.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
             _resources(published, *PUBLISH_STEP)
             _with_secret(published, credentials_secret, CREDENTIALS_DIR)

@@ -149,7 +149,6 @@ def submit_run(
     namespace: str | None,
     token: str | None,
     pipeline_name: str,
-    enable_caching: bool | None = None,
     service_account: str | None = None,
     pipeline_root: str | None = None,
 ) -> tuple[Any, SubmittedRun]:
@@ -165,7 +164,6 @@ def submit_run(
             pipeline_id=pipeline_id,
             version_id=version_id,
             pipeline_root=pipeline_root,
-            enable_caching=enable_caching,
             service_account=service_account,
         )
     return client, SubmittedRun(
@@ -205,9 +203,7 @@ def follow_run(
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             with _calling(host, "terminate the run"):
                 client.terminate_run(run_id)
-            return FinishedRun(
-                run_id=run_id, state="TIMED_OUT", error=f"terminated after {timeout_s:.0f} s", tasks=seen
-            )
+            return FinishedRun(run_id=run_id, state="TIMED_OUT", error=f"terminated after {timeout_s:g} s", tasks=seen)
         time.sleep(poll_s)
 
 

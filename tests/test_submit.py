@@ -1,25 +1,49 @@
-"""`ortpack submit` against a local HTTP endpoint speaking the KFP v2beta1 routes kfp.Client calls."""
+"""`ortpack submit` against a local HTTP endpoint speaking the KFP v2beta1 routes kfp.Client calls:
+healthz, experiments, pipelines (upload, upload_version, versions), runs (create, get, terminate);
+the run's states are scripted. The artifact store behind `--wait` is moto's S3 server."""
 
 from __future__ import annotations
 
+import email.parser
+import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import yaml
+
+
+def _task(name: str, state: str) -> dict[str, Any]:
+    return {"task_id": f"t-{name}", "display_name": name, "state": state}
+
+
+SUCCEEDING = [
+    ("PENDING", []),
+    ("RUNNING", [_task("root-driver", "RUNNING"), _task("export", "RUNNING")]),
+    ("RUNNING", [_task("export", "SUCCEEDED"), _task("package", "RUNNING")]),
+    ("SUCCEEDED", [_task("export", "SUCCEEDED"), _task("package", "SUCCEEDED"), _task("gate", "SUCCEEDED")]),
+]
 
 
 class FakeKFP(BaseHTTPRequestHandler):
-    """Just enough of the Kubeflow Pipelines v2beta1 REST API: healthz, experiments, runs."""
+    """Just enough of the Kubeflow Pipelines v2beta1 REST API."""
 
     requests: ClassVar[list[dict[str, Any]]] = []
     experiments: ClassVar[dict[str, dict[str, Any]]] = {}
+    pipelines: ClassVar[dict[str, dict[str, Any]]] = {}
+    versions: ClassVar[dict[str, list[dict[str, Any]]]] = {}
+    uploads: ClassVar[list[bytes]] = []
+    runs: ClassVar[dict[str, dict[str, Any]]] = {}
+    script: ClassVar[list[tuple[str, list[dict[str, Any]]]]] = SUCCEEDING
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -37,31 +61,93 @@ class FakeKFP(BaseHTTPRequestHandler):
             {"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"), "body": body}
         )
 
+    def _query(self) -> dict[str, str]:
+        return {k: v[0] for k, v in urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).items()}
+
+    def _named(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply a display_name EQUALS filter, as the API server does."""
+        raw = self._query().get("filter")
+        if not raw:
+            return items
+        (predicate,) = json.loads(raw)["predicates"]
+        return [i for i in items if i["display_name"] == predicate["stringValue"]]
+
     def do_GET(self) -> None:
         self._record()
-        if self.path.startswith("/apis/v2beta1/healthz"):
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/apis/v2beta1/healthz":
             self._reply({"multi_user": False})
-        elif self.path.startswith("/apis/v2beta1/experiments"):
-            self._reply({"experiments": list(self.experiments.values())} if self.experiments else {})
+        elif path == "/apis/v2beta1/experiments":
+            self._reply({"experiments": self._named(list(self.experiments.values()))} if self.experiments else {})
+        elif path == "/apis/v2beta1/pipelines":
+            found = self._named(list(self.pipelines.values()))
+            self._reply({"pipelines": found, "total_size": len(found)} if found else {})
+        elif path.startswith("/apis/v2beta1/pipelines/") and path.endswith("/versions"):
+            found = self._named(self.versions.get(path.split("/")[4], []))
+            self._reply({"pipeline_versions": found, "total_size": len(found)} if found else {})
+        elif path.startswith("/apis/v2beta1/runs/"):
+            run = self.runs[path.rsplit("/", 1)[1]]
+            step = min(run["polls"], len(self.script) - 1)
+            run["polls"] += 1
+            state, tasks = ("CANCELED", []) if run.get("terminated") else self.script[step]
+            body = {**run["body"], "run_id": run["run_id"], "state": state, "run_details": {"task_details": tasks}}
+            if state == "FAILED":
+                body["error"] = {"code": 9, "message": "gate:\n no variant passed its parity gate"}
+            self._reply(body)
         else:
             self._reply({"error": "not found"}, 404)
 
+    def _multipart_file(self, raw: bytes) -> bytes:
+        message = email.parser.BytesParser().parsebytes(
+            b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + raw
+        )
+        (part,) = [p for p in message.walk() if p.get_filename()]
+        return part.get_payload(decode=True)
+
+    def _new_version(self, pipeline_id: str, name: str) -> dict[str, Any]:
+        version = {
+            "pipeline_id": pipeline_id,
+            "pipeline_version_id": f"v-{sum(len(v) for v in self.versions.values()) + 1}",
+            "display_name": name,
+        }
+        self.versions.setdefault(pipeline_id, []).append(version)
+        return version
+
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        path, query = urllib.parse.urlsplit(self.path).path, self._query()
+        if path in ("/apis/v2beta1/pipelines/upload", "/apis/v2beta1/pipelines/upload_version"):
+            self.uploads.append(self._multipart_file(raw))
+            self._record({"query": query})
+            if path.endswith("/upload"):
+                pipeline = {"pipeline_id": f"p-{len(self.pipelines) + 1}", "display_name": query["name"]}
+                self.pipelines[pipeline["pipeline_id"]] = pipeline
+                self._new_version(pipeline["pipeline_id"], query["name"])
+                self._reply(pipeline)
+            else:
+                self._reply(self._new_version(query["pipelineid"], query["name"]))
+            return
+        body = json.loads(raw) if raw else None
         self._record(body)
-        if self.path == "/apis/v2beta1/experiments":
+        if path == "/apis/v2beta1/experiments":
             experiment = {**body, "experiment_id": f"exp-{len(self.experiments) + 1}"}
             self.experiments[experiment["display_name"]] = experiment
             self._reply(experiment)
-        elif self.path == "/apis/v2beta1/runs":
-            self._reply({**body, "run_id": "run-42", "state": "PENDING"})
+        elif path == "/apis/v2beta1/runs":
+            run_id = f"run-{len(self.runs) + 42}"
+            self.runs[run_id] = {"run_id": run_id, "body": body, "polls": 0}
+            self._reply({**body, "run_id": run_id, "state": "PENDING"})
+        elif path.endswith(":terminate"):
+            self.runs[path.rsplit("/", 1)[1].split(":")[0]]["terminated"] = True
+            self._reply({})
         else:
             self._reply({"error": "not found"}, 404)
 
 
 @pytest.fixture
 def fake_kfp() -> Iterator[str]:
-    FakeKFP.requests, FakeKFP.experiments = [], {}
+    FakeKFP.requests, FakeKFP.experiments, FakeKFP.pipelines, FakeKFP.versions = [], {}, {}, {}
+    FakeKFP.uploads, FakeKFP.runs, FakeKFP.script = [], {}, SUCCEEDING
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKFP)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -69,25 +155,31 @@ def fake_kfp() -> Iterator[str]:
     server.shutdown()
 
 
-def submit(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
+def ortpack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "ORTPACK_"))}
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "submit", *args],
+        [sys.executable, "-m", "pipelines.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **(env or {})},
-        cwd=cwd,
+        env={**base, "NO_PROXY": "127.0.0.1,localhost", **(env or {})},
     )
 
 
-def test_submit_creates_experiment_and_run(fake_kfp: str, tmp_path: Path) -> None:
+def submit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return ortpack("submit", *args, env=env)
+
+
+def _posts() -> list[dict[str, Any]]:
+    return [r for r in FakeKFP.requests if r["method"] == "POST"]
+
+
+def test_submit_uploads_what_compile_writes_and_runs_that_version(fake_kfp: str, tmp_path: Path) -> None:
+    graph = ["--targets", "cpu,cuda", "--component-image", "example.org/ortpack-component:7"]
     result = submit(
         "--host",
         fake_kfp,
-        "--targets",
-        "cpu,cuda",
+        *graph,
         "--precisions",
         "fp32,int8,fp16",
         "--run-name",
@@ -96,31 +188,151 @@ def test_submit_creates_experiment_and_run(fake_kfp: str, tmp_path: Path) -> Non
         "embeddings",
         "--threshold",
         "int8.min_cosine=0.9",
+        "--service-account",
+        "pipeline-runner",
+        "--pipeline-root",
+        "s3://artifacts/ortpack",
+        "--model",
+        "s3://models/ckpt/",
+        "--secret",
+        "team-credentials",
+        "--sign",
         env={"KFP_TOKEN": "s3cret"},
     )
     assert result.returncode == 0, result.stderr
-    assert "submitted run run-42 (experiment exp-1)" in result.stdout
-    posts = [r for r in FakeKFP.requests if r["method"] == "POST"]
-    assert [p["path"] for p in posts] == ["/apis/v2beta1/experiments", "/apis/v2beta1/runs"]
-    assert posts[0]["body"]["display_name"] == "embeddings"
-    run = posts[1]["body"]
+    assert result.stdout.startswith("submitted run run-42 (experiment exp-1, pipeline version v-1)")
+    compiled = tmp_path / "compiled.yaml"
+    assert ortpack("compile", *graph, "--out", str(compiled)).returncode == 0
+    assert FakeKFP.uploads == [compiled.read_bytes()]  # exactly what `compile` writes
+    assert [p["path"].split("?")[0] for p in _posts()] == [
+        "/apis/v2beta1/pipelines/upload",
+        "/apis/v2beta1/experiments",
+        "/apis/v2beta1/runs",
+    ]
+    run = _posts()[-1]["body"]
     assert run["display_name"] == "nightly" and run["experiment_id"] == "exp-1"
-    # with a cuda branch the package holds two documents: the pipeline and its Kubernetes platform spec
-    spec, platform = run["pipeline_spec"]["pipeline_spec"], run["pipeline_spec"]["platform_spec"]
-    assert spec["pipelineInfo"]["name"] == "package-model"
-    assert "nvidia.com/gpu" in json.dumps(platform)
+    assert run["pipeline_version_reference"] == {"pipeline_id": "p-1", "pipeline_version_id": "v-1"}
+    assert "pipeline_spec" not in run or run["pipeline_spec"] is None  # the run is of the uploaded version
+    assert run["service_account"] == "pipeline-runner"
+    assert run["runtime_config"]["pipeline_root"] == "s3://artifacts/ortpack"
     params = run["runtime_config"]["parameters"]
     assert params["cpu_precisions"] == ["fp32", "int8"] and params["cuda_precisions"] == ["fp32", "fp16"]
-    assert params["model"] == "all-MiniLM-L6-v2" and params["thresholds"] == {"int8": {"min_cosine": 0.9}}
+    assert params["model_uri"] == "s3://models/ckpt/" and params["name"] == "ckpt"
+    assert params["thresholds"] == {"int8": {"min_cosine": 0.9}}
+    assert params["credentials_secret"] == "team-credentials"
+    assert params["sign_key"] == "/var/run/secrets/ortpack/signing/key.pem"
+    assert params["version"] and params["version"] != "1"  # unique per run unless given
     assert all(r["auth"] == "Bearer s3cret" for r in FakeKFP.requests)
 
 
-def test_submit_reuses_an_existing_experiment(fake_kfp: str) -> None:
+def test_the_same_yaml_is_one_version_and_a_changed_yaml_another(fake_kfp: str) -> None:
     assert submit("--host", fake_kfp).returncode == 0
-    result = submit("--host", fake_kfp)
+    assert submit("--host", fake_kfp, "--version", "2").returncode == 0  # same YAML, other parameters
+    assert submit("--host", fake_kfp, "--no-cache").returncode == 0  # another YAML
+    paths = [p["path"].split("?")[0] for p in _posts() if "pipelines" in p["path"]]
+    assert paths == [
+        "/apis/v2beta1/pipelines/upload",
+        "/apis/v2beta1/pipelines/upload_version",
+        "/apis/v2beta1/pipelines/upload_version",
+    ]
+    first, second, third = (
+        r["body"]["pipeline_version_reference"] for r in _posts() if r["path"] == "/apis/v2beta1/runs"
+    )
+    assert first["pipeline_version_id"] != second["pipeline_version_id"] == "v-2"  # named by the YAML's hash
+    assert third["pipeline_version_id"] == "v-3"
+    assert b"enableCache: true" not in FakeKFP.uploads[-1] and b"enableCache: true" in FakeKFP.uploads[0]
+    runs = [r["body"]["runtime_config"]["parameters"]["version"] for r in _posts() if r["path"] == "/apis/v2beta1/runs"]
+    assert runs[1] == "2" and len(set(runs)) == 3
+
+
+def test_params_file(fake_kfp: str, tmp_path: Path) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"export_memory": "16Gi", "thresholds": {"*": {"max_abs_diff": 1e-3}}}))
+    ok = submit("--host", fake_kfp, "--params", str(params))
+    assert ok.returncode == 0, ok.stderr
+    sent = _posts()[-1]["body"]["runtime_config"]["parameters"]
+    assert sent["export_memory"] == "16Gi" and sent["thresholds"] == {"*": {"max_abs_diff": 0.001}}
+    params.write_text(yaml.safe_dump({"gpu_node_selector": {"a": "b"}}))  # a cpu-only pipeline has no GPU parameters
+    bad = submit("--host", fake_kfp, "--params", str(params))
+    assert bad.returncode == 2 and "unknown pipeline parameter 'gpu_node_selector'" in bad.stderr
+    params.write_text(yaml.safe_dump({"thresholds": {"*": {"min_cosine": 5}}}))
+    worse = submit("--host", fake_kfp, "--params", str(params))
+    assert worse.returncode == 2 and "min_cosine must be in [-1, 1]" in worse.stderr
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def test_wait_follows_the_run_and_prints_the_bundle_uri(fake_kfp: str, moto_endpoint: str) -> None:
+    import boto3
+
+    aws = {
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")  # fmt: skip
+    s3.create_bucket(Bucket="mlpipeline")
+    key = "v2/artifacts/package-model/run-42/package-bundle/3f1c/bundle"
+    s3.put_object(Bucket="mlpipeline", Key=f"{key}/manifest.json", Body=b'{"name": "x"}')
+    s3.put_object(Bucket="mlpipeline", Key="v2/artifacts/package-model/run-7/package-bundle/aa/bundle/manifest.json")
+    result = submit(
+        "--host", fake_kfp, "--wait", "--poll", "0.01", "--publish-to", "s3://published/bundles/", "--version", "9",
+        env=aws,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    posts = [r["path"] for r in FakeKFP.requests if r["method"] == "POST"]
-    assert posts == ["/apis/v2beta1/experiments", "/apis/v2beta1/runs", "/apis/v2beta1/runs"]
+    lines = result.stdout.splitlines()
+    digest = hashlib.sha256(b'{"name": "x"}').hexdigest()
+    assert lines[1] == f"bundle: minio://mlpipeline/{key} (manifest sha256 {digest})"
+    assert lines[2] == "published: s3://published/bundles/all-MiniLM-L6-v2-9.tar"
+    assert lines[3] == "run run-42 succeeded: version 9"
+    # progress per step on stderr, once per state change, drivers left out
+    progress = [line.split("]", 1)[1].strip() for line in result.stderr.splitlines() if ": " in line and "]" in line]
+    assert progress == [
+        "export: running",
+        "export: succeeded",
+        "package: running",
+        "package: succeeded",
+        "gate: succeeded",
+    ]
+
+
+def test_wait_without_store_access_prints_the_run_folder(fake_kfp: str) -> None:
+    result = submit(
+        "--host", fake_kfp, "--wait", "--poll", "0.01", "--pipeline-root", "minio://mlpipeline/v2/artifacts"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "bundle: minio://mlpipeline/v2/artifacts/package-model/run-42/package-bundle/ (cannot list" in result.stdout
+
+
+def test_a_failed_run_exits_1_with_its_error(fake_kfp: str) -> None:
+    FakeKFP.script = [*SUCCEEDING[:2], ("FAILED", [_task("gate", "FAILED")])]
+    result = submit("--host", fake_kfp, "--wait", "--poll", "0.01")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ortpack: error: run run-42 failed: gate: no variant passed its parity gate"
+    )
+    assert "bundle:" not in result.stdout
+
+
+def test_timeout_terminates_the_run(fake_kfp: str) -> None:
+    FakeKFP.script = [("RUNNING", [_task("export", "RUNNING")])]
+    result = submit("--host", fake_kfp, "--wait", "--poll", "0.05", "--timeout", "0.2")
+    assert result.returncode == 1
+    assert "run run-42 timed_out: terminated after 0.2 s" in result.stderr
+    assert any(p["path"] == "/apis/v2beta1/runs/run-42:terminate" for p in _posts())
 
 
 def _free_port() -> int:
@@ -129,14 +341,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_unreachable_host_is_one_line(tmp_path: Path) -> None:
+def test_unreachable_host_is_one_line() -> None:
     result = submit("--host", f"http://127.0.0.1:{_free_port()}")
     assert result.returncode == 3
     assert result.stderr.strip().startswith("ortpack: error: cannot reach Kubeflow Pipelines at http://127.0.0.1:")
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_bad_options_fail_before_contacting_the_host(fake_kfp: str) -> None:
-    result = submit("--host", fake_kfp, "--precisions", "fp8")
-    assert result.returncode == 2 and "unknown precision 'fp8'" in result.stderr
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--precisions", "fp8"], "unknown precision 'fp8'"),
+        (["--model", "hf://org/name"], "needs @REVISION"),
+        (["--publish-to", "ftp://x/y"], "--publish-to takes oci://"),
+        (["--publish-to", "oci://registry.example.com/b", "--version", "1+x"], "bad OCI reference"),
+        (["--secret", ""], "credentials_secret name is empty"),
+    ],
+)
+def test_bad_options_fail_before_contacting_the_host(fake_kfp: str, args: list[str], fragment: str) -> None:
+    result = submit("--host", fake_kfp, *args)
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert FakeKFP.requests == []
