@@ -7,9 +7,9 @@ running the backend.
   waited longest without a batch on the workers (a request whose batch is running comes after
   every request that has none; a request's wait restarts when its last batch finishes). The
   batch is its bucket's items, taken round-robin across the requests queued there, one item
-  each per round, leader first, up to `max_batch_size`. So one request of 300 texts runs one
-  batch at a time while single-sentence requests sent after it go into the next batch, instead
-  of waiting for all 300.
+  each per round, leader first, up to `max_batch_size` items and `max_batch_tokens` padded
+  tokens. So one request of 300 long texts runs one short batch at a time while single-sentence
+  requests sent after it go into the next batch, instead of waiting for all 300.
 - The scheduler never waits when a worker is idle and work is queued, unless
   `max_batch_delay_ms` asks it to let a small batch fill; on CPU, measured, waiting only adds
   latency (see README).
@@ -123,6 +123,7 @@ class Batcher:
         on_batch: Any = None,
         item_cost: Any = None,
         max_batch_cost: float = math.inf,
+        max_batch_tokens: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.backend = backend
@@ -131,6 +132,10 @@ class Batcher:
         self.item_cost = item_cost
         self.max_batch_cost = max_batch_cost
         self.max_batch_size = max_batch_size
+        # Text batches also stop at `max_batch_tokens` padded tokens (texts x the longest; 0: no
+        # limit; a batch always holds one text): a batch of 32 texts of 256 tokens takes over a
+        # second on one core, and every request waiting for a worker waits for it.
+        self.max_batch_tokens = max_batch_tokens or math.inf
         self.max_queue_size = max_queue_size
         self.workers = workers
         self.max_batch_delay = max_batch_delay_ms / 1000.0
@@ -284,6 +289,7 @@ class Batcher:
         order = sorted(line.values(), key=lambda piece: piece.request.key()) if len(line) > 1 else list(line.values())
         batch: list[Entry] = []
         cost = 0.0
+        width = 0  # the longest text so far: the batch is padded to it
         limit = self.max_batch_size
         full = False
         while order and not full:
@@ -299,6 +305,12 @@ class Batcher:
                         full = True
                         break
                     cost += item
+                tokens = token_count(payload)
+                if tokens is not None:
+                    if batch and max(width, tokens) * (len(batch) + 1) > self.max_batch_tokens:
+                        full = True
+                        break
+                    width = max(width, tokens)
                 piece.items.popleft()
                 batch.append((piece.request, index, payload))
                 if piece.items:

@@ -30,6 +30,7 @@ class ServeConfig:
     api_key: str = ""
     api_key_file: str = ""  # read by parse_config into api_key (the key then never shows in `ps`)
     max_batch_size: int = 32
+    max_batch_tokens: int = 2048
     max_batch_delay_ms: float = 0.0
     max_queue_size: int = 2048
     request_timeout_ms: float = 30_000.0
@@ -63,6 +64,7 @@ class ServeConfig:
         checks = [
             (1 <= self.port <= 65535, f"--port must be in 1..65535, got {self.port}"),
             (1 <= self.max_batch_size <= 4096, f"--max-batch-size must be in 1..4096, got {self.max_batch_size}"),
+            (self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}"),
             (self.max_batch_delay_ms >= 0, f"--max-batch-delay-ms must be >= 0, got {self.max_batch_delay_ms}"),
             (self.max_queue_size >= 1, f"--max-queue-size must be >= 1, got {self.max_queue_size}"),
             (self.request_timeout_ms > 0, f"--request-timeout-ms must be > 0, got {self.request_timeout_ms}"),
@@ -132,6 +134,8 @@ _HELP = {
     "api_key": "require 'Authorization: Bearer <key>' on every route but health (prefer --api-key-file)",
     "api_key_file": "read the API key from this file (first line), so it never shows in the process list",
     "max_batch_size": "most items in one model call",
+    "max_batch_tokens": "text bundles: most padded tokens (texts x the longest) in one model call; a batch always "
+    "holds one text. Bounds how long a request waits for a busy worker",
     "max_batch_delay_ms": "how long a batch may wait to fill when the model is idle (0: never wait)",
     "max_queue_size": "most items waiting; a request that does not fit now gets 429 with Retry-After",
     "request_timeout_ms": "per-request deadline from its arrival (body, tokenizing, queue, model): 504",

@@ -192,6 +192,7 @@ def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics) -> Bat
         on_batch=metrics.observe_batch,
         item_cost=item_cost,
         max_batch_cost=max_cost,
+        max_batch_tokens=config.max_batch_tokens,
     )
 
 

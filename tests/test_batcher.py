@@ -398,3 +398,34 @@ def test_only_text_batches_count_tokens() -> None:
         BatchStats(bucket=(48, 64), size=2, seconds=0.01, queue_wait=0, real_tokens=0, padded_tokens=0)
     )
     assert "ortpack_padding_ratio_count 0.0" in metrics.render().decode()
+
+
+def test_text_batches_stop_at_their_token_budget() -> None:
+    """Padded tokens (texts x the longest) per model call are capped; a batch always holds one text."""
+    seen: list[list[int]] = []
+
+    class Lengths:
+        def run(self, payloads: Sequence[Any]) -> np.ndarray:
+            seen.append([len(p) for p in payloads])
+            return np.zeros((len(payloads), 2))
+
+    gate = threading.Event()
+
+    class Gated(Lengths):
+        def run(self, payloads: Sequence[Any]) -> np.ndarray:
+            assert gate.wait(5)
+            return super().run(payloads)
+
+    batcher = Batcher(Gated(), max_batch_size=32, max_queue_size=100, workers=1, max_batch_tokens=25)
+    ids = [np.arange(n, dtype=np.int64) for n in (10, 10, 10, 12, 30, 5)]
+
+    async def body() -> None:
+        held = asyncio.ensure_future(batcher.submit([np.arange(3, dtype=np.int64)], [8], 5.0))
+        await _until(lambda: batcher.running == 1)
+        rest = asyncio.ensure_future(batcher.submit(ids, [32] * 6, 5.0))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(held, rest)
+
+    run(_with(batcher, body()))
+    assert seen == [[3], [10, 10], [10, 12], [30], [5]]
