@@ -94,6 +94,19 @@ class ImagePreprocessing(_Strict):
     antialias: bool = True
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    # How the server decodes JPEGs by default, as the parity gate measured it: "exact" (every
+    # pixel, like the PyTorch reference) or "reduced" (libjpeg's DCT scaling to the smallest of
+    # 1/2, 1/4, 1/8 that keeps the shorter side >= decode_min_side). Each variant's parity values
+    # say whether its gate validated the reduced path (serving/images.py); bundles without the
+    # field decode exactly.
+    decode: Literal["exact", "reduced"] = "exact"
+    decode_min_side: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_decode(self) -> ImagePreprocessing:
+        if (self.decode == "reduced") != (self.decode_min_side > 0):
+            raise ValueError("decode 'reduced' needs decode_min_side > 0 (and 'exact' none)")
+        return self
 
 
 class Classification(_Strict):
@@ -154,6 +167,19 @@ class BenchmarkSection(_Strict):
     threads: int = 0
 
 
+class OptimizeSection(_Strict):
+    """What the optimize step did to the graph: nodes before/after, the fuser and what it fused,
+    the operators left, size and time."""
+
+    nodes_before: int
+    nodes_after: int
+    fuser: str = "none"
+    fusions: dict[str, int] = Field(default_factory=dict)
+    ops_after: dict[str, int] = Field(default_factory=dict)
+    mb: float
+    seconds: float
+
+
 class ProbeSet(_Strict):
     """The probe inputs and PyTorch outputs every serving node replays before ready."""
 
@@ -176,7 +202,7 @@ class Variant(_Strict):
     # ("all" adds CPU layout transformations that are never shipped; int8 graphs may run faster
     # without them). A mismatch always loads with "all".
     online_optimization_level: Literal["disabled", "all"] = "all"
-    optimize: dict[str, Any] = Field(default_factory=dict)
+    optimize: OptimizeSection
     parity: ParitySection
     benchmark: BenchmarkSection = Field(default_factory=BenchmarkSection)
 
@@ -225,6 +251,34 @@ class Manifest(_Strict):
         if self.probe is not None:
             names.append(self.probe.file)
         return names
+
+
+def variant_file(variant_id: str) -> str:
+    """Where a variant's graph lives in a bundle: the layout, defined once."""
+    return f"variants/{variant_id}/model.onnx"
+
+
+def check_sections(task: str, sections: Mapping[str, Any]) -> None:
+    """Validate an export's task sections (tokenizer, pooling, preprocessing, classification,
+    labels...) against the manifest models now, where the facts are born, instead of at package
+    time; raises BundleError naming the first problem."""
+    if task not in TASK_SECTIONS:
+        raise BundleError(f"unknown task {task!r} (known: {', '.join(TASK_SECTIONS)})")
+    models: dict[str, Any] = {
+        "tokenizer": TokenizerSettings,
+        "pooling": Pooling,
+        "preprocessing": ImagePreprocessing,
+        "classification": Classification,
+    }
+    for name in TASK_SECTIONS[task]:
+        if sections.get(name) is None:
+            raise BundleError(f"a {task} export needs {name} settings")
+    for name, model in models.items():
+        if sections.get(name) is not None:
+            try:
+                model.model_validate(sections[name])
+            except ValidationError as exc:
+                raise BundleError(f"invalid {name} settings: {_first_error(exc)}") from None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

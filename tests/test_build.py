@@ -35,7 +35,7 @@ def test_contract_components_write_serving_reads(tiny_bundle: Path, tiny_export:
         assert variant.parity.passed is True
         assert variant.parity.values["min_cosine"] > 0.9
         assert variant.benchmark.speedup_vs_torch["b1_s16"] > 0
-        assert variant.optimize["nodes_after"] < variant.optimize["nodes_before"]
+        assert variant.optimize.nodes_after < variant.optimize.nodes_before
         assert variant.ort_version == ort.__version__ and variant.opset == 17
     # serving-side tokenization with the shipped tokenizer reproduces the PyTorch reference
     from tokenizers import Tokenizer

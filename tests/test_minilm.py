@@ -27,7 +27,7 @@ def test_minilm_build_matches_sentence_transformers(tmp_path: Path) -> None:
     assert manifest.tokenizer is not None and manifest.tokenizer.max_length == 256
     assert manifest.pooling is not None and manifest.pooling.mode == "mean" and manifest.pooling.normalize
     assert result.export.model_info["num_heads"] == 12 and result.export.model_info["hidden_size"] == 384
-    fused = manifest.variant("cpu-fp32").optimize["fusions"]
+    fused = manifest.variant("cpu-fp32").optimize.fusions
     assert fused == {"Attention": 6, "BiasGelu": 6, "EmbedLayerNormalization": 1, "SkipLayerNormalization": 12}
 
     # Our PyTorch reference (which the gate compares with) is what sentence-transformers computes.
