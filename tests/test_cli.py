@@ -143,3 +143,77 @@ def test_help_documents_every_option() -> None:
     assert undocumented == []
     result = ortpack("build", "--help")
     assert result.returncode == 0 and "--precisions" in result.stdout and "--threshold" in result.stdout
+
+
+def test_version_and_one_line_usage_errors() -> None:
+    from serving import __version__
+
+    version = ortpack("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"ortpack {__version__}"
+    for args in (["run", "--bogus"], [], ["compile", "--gpu-timeout", "soon"], ["bundle"]):
+        result = ortpack(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("ortpack"), result.stderr
+        assert "error:" in result.stderr and "usage:" not in result.stderr
+
+
+def test_debug_keeps_the_exit_code(tmp_path: Path) -> None:
+    result = ortpack("build", "--debug", "--model", "/no/such/model", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2  # bad input, as without --debug
+    assert "Traceback" in result.stderr and result.stderr.strip().endswith("ortpack: error: model path not found: "
+                                                                           "/no/such/model (or use a bundled model: "
+                                                                           "all-MiniLM-L6-v2)")  # fmt: skip
+
+
+def test_threshold_help_lists_every_threshold() -> None:
+    from dataclasses import fields
+
+    from components.core.specs import ParityThresholds
+
+    text = " ".join(ortpack("validate", "--help").stdout.split())
+    assert all(f.name in text for f in fields(ParityThresholds))
+
+
+def test_package_writes_the_report(tiny_export: Path, tiny_variants: dict[str, Path], tmp_path: Path) -> None:
+    result = ortpack(
+        "package",
+        "--export",
+        str(tiny_export),
+        "--variant",
+        str(tiny_variants["cpu-fp32"]),
+        "--out",
+        str(tmp_path / "b"),
+    )
+    assert result.returncode == 0, result.stderr
+    report = tmp_path / "b" / "report.html"
+    assert report.is_file() and "data:image/png;base64," in report.read_text()
+    assert f"report: {report}" in result.stdout
+    assert ortpack("bundle", "verify", str(tmp_path / "b")).returncode == 0  # the report is a listed file
+
+
+def test_sigterm_cleans_up_like_sigint(tiny_bert: Path, tmp_path: Path) -> None:
+    """SIGTERM during `build` unwinds like Ctrl-C: the temporary work directory is removed, one
+    line, exit 143 (128 + SIGTERM)."""
+    import os
+    import signal
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "build", "--model", str(tiny_bert), "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    deadline = time.monotonic() + 120
+    while not list(scratch.glob("ortpack-build-*/export/*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(scratch.glob("ortpack-build-*")), "the build never started"
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == "ortpack: interrupted" and "Traceback" not in stderr
+    assert list(scratch.glob("ortpack-build-*")) == []
+    assert not (tmp_path / "out").exists()
