@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -72,3 +73,200 @@ def encode_png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buffer, format="PNG", compress_level=6)
     return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- encoded images (the served path)
+
+
+@dataclass(frozen=True)
+class EncodedImageSpec:
+    """A generated validation file as a client sends it: photo-like content encoded as JPEG or
+    PNG, with an EXIF orientation, rendered and encoded the same way wherever it is needed."""
+
+    width: int  # as stored in the file (before the EXIF orientation is applied)
+    height: int
+    content: str  # "photo" (gradients, blobs, sensor noise), "edges" (shapes), "text" (glyph rows), "fine" (chirp)
+    format: str  # "JPEG" or "PNG"
+    quality: int = 90  # JPEG quality
+    subsampling: int = 2  # JPEG chroma subsampling: 0 is 4:4:4, 1 is 4:2:2, 2 is 4:2:0
+    orientation: int = 1  # EXIF orientation tag, 1..8 (1: as stored)
+    mode: str = "RGB"  # "RGB", "L" (greyscale) or "RGBA" (PNG with alpha)
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        tag = f"q{self.quality}s{self.subsampling}" if self.format == "JPEG" else "png"
+        return f"{self.width}x{self.height}-{self.content}-{tag}-o{self.orientation}-{self.mode}-{self.seed}"
+
+
+# (width, height) as stored, from 200x150 to 4000x3000; shorter sides at the boundaries of reduced
+# JPEG decoding for a 256 resize (512, 768, 1024, 1536, 2048: exactly 2x, 3x, 4x, 6x, 8x) and
+# the sizes phones and cameras write.
+_ENCODED_SIZES = (
+    (200, 150),
+    (150, 200),
+    (320, 240),
+    (400, 300),
+    (640, 480),
+    (480, 640),
+    (683, 512),
+    (800, 600),
+    (1024, 768),
+    (768, 1024),
+    (1280, 960),
+    (1365, 1024),
+    (1600, 1200),
+    (1920, 1080),
+    (1080, 1920),
+    (2048, 1536),
+    (2731, 2048),
+    (2592, 1944),
+    (3000, 2000),
+    (4000, 3000),
+)
+_CONTENTS = ("photo", "edges", "text", "fine")
+_QUALITIES = (95, 90, 75, 85, 50)
+
+
+def encoded_validation_images(calibration: bool = False) -> tuple[EncodedImageSpec, ...]:
+    """The encoded validation set (55 files, about 11 MB): JPEGs of every size (three of each
+    up to 1 megapixel, two up to 4, one above) with varied content, quality, chroma subsampling,
+    EXIF orientation and greyscale, and small PNGs (RGB, RGBA, greyscale, one with an EXIF
+    orientation). `calibration` gives a disjoint set (other seeds)."""
+    base = 20_000 if calibration else 0
+    specs: list[EncodedImageSpec] = []
+    for i, (width, height) in enumerate(_ENCODED_SIZES):
+        pixels = width * height
+        for j in range(3 if pixels <= 1_000_000 else 2 if pixels <= 4_000_000 else 1):
+            k = 3 * i + j
+            specs.append(
+                EncodedImageSpec(
+                    width=width,
+                    height=height,
+                    content=_CONTENTS[k % len(_CONTENTS)],
+                    format="JPEG",
+                    quality=_QUALITIES[k % len(_QUALITIES)],
+                    subsampling=(2, 2, 0, 1)[k % 4],
+                    orientation=(1, 6, 1, 3, 8, 1, 2, 5, 1, 4, 7)[k % 11],
+                    mode="L" if k % 13 == 5 else "RGB",
+                    seed=base + 1000 + k,
+                )
+            )
+    for i, (width, height) in enumerate(_ENCODED_SIZES[:7]):
+        specs.append(
+            EncodedImageSpec(
+                width=width,
+                height=height,
+                content=_CONTENTS[(i + 1) % len(_CONTENTS)],
+                format="PNG",
+                orientation=6 if i == 5 else 1,
+                mode=("RGB", "RGBA", "L")[i % 3],
+                seed=base + 2000 + i,
+            )
+        )
+    return tuple(specs)
+
+
+def render_content(spec: EncodedImageSpec) -> np.ndarray:
+    """uint8 [height, width, 3] RGB: photo-like content of the spec's kind (before encoding)."""
+    rng = np.random.default_rng(spec.seed)
+    h, w = spec.height, spec.width
+    yy = np.arange(h, dtype=np.float32)[:, None]
+    xx = np.arange(w, dtype=np.float32)[None, :]
+    # a smooth background: two coloured gradients and a soft blob, like sky, walls and lighting
+    image = np.empty((h, w, 3), dtype=np.float32)
+    for c in range(3):
+        gx, gy = rng.uniform(-90, 90, 2).tolist()
+        cy, cx = float(rng.uniform(0, h)), float(rng.uniform(0, w))
+        blob = np.exp(-(((yy - cy) / (0.35 * h)) ** 2) - ((xx - cx) / (0.35 * w)) ** 2)
+        image[..., c] = float(rng.uniform(70, 180)) + gx * (xx / w - 0.5) + gy * (yy / h - 0.5) + 60 * (blob - 0.4)
+    scale = min(h, w) / 480.0  # features scale with the picture, as in photos of one scene
+    if spec.content == "photo":
+        for c in range(3):
+            fx, fy = rng.uniform(6, 40, 2) * scale
+            image[..., c] += 30 * np.sin(xx / fx + float(rng.uniform(0, 6.3))) * np.cos(yy / fy)
+    elif spec.content == "edges":
+        for _ in range(12):  # filled rectangles and discs with hard edges
+            colour = rng.uniform(0, 255, 3).astype(np.float32)
+            y0, x0 = int(rng.integers(0, h)), int(rng.integers(0, w))
+            if rng.random() < 0.5:
+                y1, x1 = y0 + int(rng.integers(h // 10, h // 2 + 2)), x0 + int(rng.integers(w // 10, w // 2 + 2))
+                image[y0:y1, x0:x1] = colour
+            else:
+                r = float(rng.uniform(0.05, 0.25)) * min(h, w)
+                disc = (yy - y0) ** 2 + (xx - x0) ** 2 <= r * r
+                image[disc] = colour
+    elif spec.content == "text":
+        image = _draw_text(image, rng, max(6, round(8 * scale)))
+    elif spec.content == "fine":  # a zone plate: every frequency up to Nyquist, the worst case for resizing
+        r2 = ((yy - h / 2) ** 2 + (xx - w / 2) ** 2) / max(h, w)
+        image += (50 * np.cos(np.pi * r2 * float(rng.uniform(0.8, 1.0))))[..., None]
+    image += rng.normal(0, 3, (h, w, 1)).astype(np.float32)  # sensor noise, the same in every channel
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def _draw_text(image: np.ndarray, rng: np.random.Generator, glyph: int) -> np.ndarray:
+    """Rows of dark 3x5-cell glyphs (cell `glyph // 5` pixels) on a light band: a page or a sign."""
+    h, w = image.shape[:2]
+    cell = max(1, glyph // 5)
+    rows, cols = h // (7 * cell), w // (4 * cell)
+    if rows == 0 or cols == 0:
+        return image
+    glyphs = rng.random((rows, cols, 5, 3)) < 0.45  # each character a random 5x3 bitmap
+    glyphs[:, rng.random(cols) < 0.18] = False  # spaces between words
+    page = np.zeros((rows, 7, cols, 4), dtype=bool)
+    page[:, 1:6, :, :3] = glyphs.transpose(0, 2, 1, 3)
+    mask = np.repeat(np.repeat(page.reshape(rows * 7, cols * 4), cell, axis=0), cell, axis=1)
+    ink = np.zeros((h, w), dtype=bool)
+    ink[: mask.shape[0], : mask.shape[1]] = mask
+    band = slice(int(0.1 * h), int(0.9 * h))
+    image[band] = 0.3 * image[band] + 170  # paper
+    image[ink] = rng.uniform(10, 60, 3).astype(np.float32)
+    return image
+
+
+# EXIF orientation -> the transpose that, applied to the upright picture, gives the stored pixels
+# (Pillow's ImageOps.exif_transpose applies the inverse when the file is read).
+_STORED = {
+    2: "FLIP_LEFT_RIGHT",
+    3: "ROTATE_180",
+    4: "FLIP_TOP_BOTTOM",
+    5: "TRANSPOSE",
+    6: "ROTATE_90",
+    7: "TRANSVERSE",
+    8: "ROTATE_270",
+}
+
+
+def encode_validation_image(spec: EncodedImageSpec) -> bytes:
+    """The file's bytes (Pillow; deterministic for one Pillow build)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.fromarray(render_content(spec), "RGB")
+    if spec.mode == "L":
+        image = image.convert("L")
+    elif spec.mode == "RGBA":
+        alpha = np.linspace(80, 255, spec.width * spec.height, dtype=np.float32).reshape(spec.height, spec.width)
+        image.putalpha(Image.fromarray(alpha.astype(np.uint8), "L"))
+    exif = Image.Exif()
+    if spec.orientation != 1:
+        exif[0x0112] = spec.orientation
+    buffer = io.BytesIO()
+    if spec.format == "JPEG":
+        image.save(buffer, "JPEG", quality=spec.quality, subsampling=spec.subsampling, exif=exif.tobytes())
+    else:
+        image.save(buffer, "PNG", compress_level=1, exif=exif.tobytes() if spec.orientation != 1 else None)
+    return buffer.getvalue()
+
+
+def pack_files(files: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, data): byte strings as two arrays (an npz holds no list of bytes)."""
+    offsets = np.concatenate([[0], np.cumsum([len(f) for f in files])]).astype(np.int64)
+    return offsets, np.frombuffer(b"".join(files), dtype=np.uint8)
+
+
+def unpack_files(offsets: np.ndarray, data: np.ndarray) -> list[bytes]:
+    blob = data.tobytes()
+    return [blob[int(a) : int(b)] for a, b in itertools.pairwise(offsets)]

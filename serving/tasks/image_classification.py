@@ -2,15 +2,18 @@
 (base64 in JSON), and the Open Inference Protocol with one input `images` (UINT8,
 `[n, height, width, 3]`) and one output `probabilities` (FP32, `[n, classes]`).
 
-Images are decoded off the event loop (serving/images.py); the graph resizes, crops and
-normalises. Images of one size share a batch (the bucket is the size), and a batch also stops at
---max-batch-pixels.
+Images are decoded off the event loop on a pool of decode threads (one per model worker; Pillow
+releases the GIL), with the decode mode the bundle's parity gate validated for the served
+variant (serving/images.py); the graph resizes, crops and normalises. Images of one size share a
+batch (the bucket is the size), and a batch also stops at --max-batch-pixels.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -21,8 +24,41 @@ from serving.backend import ImageClassifierBackend
 from serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 from serving.gates import probability_metrics
 from serving.http import RouteSpec, config_of, json_response, read_body, read_json_object, service_of
-from serving.images import ImageDecoder, top_k
+from serving.images import DECODE_MODES, ImageDecoder, decode_base64, decode_settings, reduced_decode_evidence, top_k
 from serving.tasks import LoadContext, Prepare, ServingTask
+
+log = logging.getLogger("ortpack.serve")
+
+
+def requested_decode(config: Any) -> str:
+    """The decode mode the server was asked for: `--decode auto|exact|reduced` (auto: the bundle's
+    validated default), or, from a configuration without that option, `--jpeg-draft` (reduced)."""
+    decode = getattr(config, "decode", None)
+    if decode is None:
+        return "reduced" if getattr(config, "jpeg_draft", False) else "auto"
+    return str(decode)
+
+
+def choose_decoder(manifest: Any, variant: Any, requested: str, max_pixels: int) -> tuple[ImageDecoder, str]:
+    """The decoder to serve with and why. "exact" always (the reference's own decode); "reduced"
+    only when the variant's parity record validates the bundle's reduced decode (else one-line
+    ValueError: the server refuses to start); "auto" the bundle's default when validated, else
+    exact."""
+    if requested not in ("auto", *DECODE_MODES):
+        raise ValueError(f"unknown decode mode {requested!r} (auto, {', '.join(DECODE_MODES)})")
+    default, side = decode_settings(manifest.preprocessing)
+    if requested == "exact" or (requested == "auto" and default == "exact"):
+        return ImageDecoder(max_pixels), "exact"
+    if default != "reduced":
+        raise ValueError(f"bundle {manifest.name} has no validated reduced decoding (its parity gate chose exact)")
+    misses = reduced_decode_evidence(variant.parity.values, variant.parity.thresholds, side)
+    if not misses:
+        return ImageDecoder(max_pixels, reduce_to=side), f"reduced (JPEGs kept >= {side} px), validated by the gate"
+    reason = f"variant {variant.id}'s parity gate does not validate reduced decoding: {'; '.join(misses)}"
+    if requested == "reduced":
+        raise ValueError(reason)
+    log.warning("%s; decoding exactly", reason)
+    return ImageDecoder(max_pixels), "exact (reduced not validated for this variant)"
 
 
 class ImageClassificationRuntime:
@@ -32,11 +68,15 @@ class ImageClassificationRuntime:
         manifest, config = ctx.manifest, ctx.config
         if manifest.preprocessing is None:
             raise ValueError("an image-classification bundle needs preprocessing settings")
-        draft = manifest.preprocessing.resize_size if config.jpeg_draft else None
         try:
-            self.decoder = ImageDecoder(max_pixels=config.max_image_pixels, draft_size=draft)
+            self.decoder, self.decode = choose_decoder(
+                manifest, ctx.variant, requested_decode(config), config.max_image_pixels
+            )
         except RuntimeError as exc:  # Pillow (the image extra) is missing
             raise ValueError(str(exc)) from None
+        # decoding runs here, off the event loop: one thread per model worker (the cores), so
+        # decoding never oversubscribes the CPU however many requests arrive at once
+        self.decode_pool = ThreadPoolExecutor(max_workers=config.worker_count, thread_name_prefix="ortpack-decode")
         self.output_dim = int(manifest.outputs[0].shape[-1])
         self.labels = manifest.labels or [str(i) for i in range(self.output_dim)]
         self.crop = manifest.preprocessing.crop_size
@@ -44,7 +84,13 @@ class ImageClassificationRuntime:
         self.max_image_pixels = config.max_image_pixels
         self.max_batch_pixels = config.max_batch_pixels
         self.backend = _backend(ctx.session, manifest.model_dump())
-        self.batching = f"images batched by size, at most {config.max_batch_pixels / 1e6:g} MP per batch"
+        self.batching = (
+            f"images decoded {self.decode}, batched by size, at most {config.max_batch_pixels / 1e6:g} MP per batch"
+        )
+
+    async def decode_off_loop(self, work: Any, *args: Any) -> Any:
+        """`work(*args)` on a decode thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work, *args)
 
     def item_cost(self) -> tuple[Any, float]:
         return (lambda p: p.shape[0] * p.shape[1]), float(self.max_batch_pixels)
@@ -157,7 +203,7 @@ async def classify(request: Request) -> Response:
         )
     k = runtime.requested_top_k(request.query_params.get("top_k"))
     data = await read_body(request, config_of(request).max_body_bytes)
-    pixels = await asyncio.to_thread(runtime.decoder.decode, data, "the request body")
+    pixels = await runtime.decode_off_loop(runtime.decoder.decode, data, "the request body")
     (predictions,) = await runtime.classify(request, [pixels], k)
     return json_response({"model": service_of(request).model_name, "predictions": predictions})
 
@@ -177,7 +223,9 @@ async def classify_json(request: Request) -> Response:
         raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {runtime.max_items}")
     where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
     decoder = runtime.decoder
-    pixels = await asyncio.to_thread(lambda: [decoder.decode_base64(x, w) for x, w in zip(items, where, strict=True)])
+    pixels = await runtime.decode_off_loop(
+        lambda: [decoder.decode(decode_base64(x, w), w) for x, w in zip(items, where, strict=True)]
+    )
     results = await runtime.classify(request, pixels, k)
     model = service_of(request).model_name
     if single:
@@ -190,8 +238,11 @@ def _backend(session: Any, fields: dict[str, Any]) -> ImageClassifierBackend:
 
 
 def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
-    """Probe files decoded by the server's decoder (full decode)."""
-    decoder = ImageDecoder(max_pixels=1 << 40)
+    """Probe files decoded by the server's decoder in the bundle's default decode mode (the
+    validate step's check on the build machine)."""
+    preprocessing = fields.get("preprocessing") or {}
+    side = int(preprocessing.get("decode_min_side", 0)) if preprocessing.get("decode") == "reduced" else 0
+    decoder = ImageDecoder(max_pixels=1 << 40, reduce_to=side)
 
     def prepare(images: Sequence[Any]) -> list[Any]:
         return [decoder.decode(bytes(f), "probe image") for f in images]

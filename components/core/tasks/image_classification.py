@@ -3,7 +3,10 @@ softmax in the graph (exporter: components/core/exporters/image_classification.p
 uint8 `[batch, height, width, 3]` to `probabilities` float32 `[batch, classes]`.
 
 Gated on max |probability diff|, top-1/top-5 agreement, and the preprocessing's pixels against
-torchvision's uint8 pipeline, at batch 1 and batch 8 (same-size groups).
+torchvision's uint8 pipeline, at batch 1 and batch 8 (same-size groups) on generated pixels, and
+on the served path: encoded JPEG/PNG files (components/core/validation_data.py) through the
+server's decoder and the graph, against PyTorch on Pillow's full decode. The reduced JPEG decode
+the export chose (if any) is measured too and recorded for the server (serving/images.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 
 from components.core.specs import ParityThresholds
 from components.core.tasks import Comparison, ReportSpec, TaskFamily
-from serving.gates import topk_overlap
+from serving.gates import probability_metrics, topk_overlap
 
 if TYPE_CHECKING:
     from components.core.artifacts import ExportResult
@@ -24,13 +27,15 @@ if TYPE_CHECKING:
     from serving.probe import Probe
 
 PROBE_IMAGES = 16
+PROBE_REDUCED = 4  # of them, JPEGs the reduced decode scales (when the bundle has one)
+PROBE_MAX_BYTES = 600_000
 
 # Images are compared with torchvision's uint8 pipeline, whose resize uses fixed-point
-# arithmetic: pixels differ by up to one uint8 level when downscaling, and by up to two when an
-# image is upscaled (smaller than the resize size: ORT's antialiased Resize then differs from
-# torch's, which matches torchvision exactly), so even fp32 probabilities differ (0.0097
-# measured on MobileNetV3-small). int8 is set from a random-weight MobileNetV3 (no trained
-# weights offline; top-1 0.875-0.94, top-5 0.80-0.85): tighten it for trained models.
+# arithmetic: pixels differ by up to one uint8 level (the graph's own resize: exporters/
+# image_classification.py; two for bicubic upscales of tiny images), so even fp32 probabilities
+# differ (0.003 measured on MobileNetV3-small). int8 is set from a random-weight MobileNetV3 (no
+# trained weights offline; top-1 0.875-0.94, top-5 0.80-0.85 on generated pixels): tighten it for
+# trained models.
 THRESHOLDS = {
     "fp32": ParityThresholds(max_abs_diff=0.02, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0),
     "fp16": ParityThresholds(max_abs_diff=0.03, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0),
@@ -86,7 +91,9 @@ def _pixel_diff(images: list[np.ndarray], ref: Any, export_dir: Path) -> dict[st
 
 def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
     """Probabilities at batch 1 (every image) and 8 (same-size groups); top-1/top-5 agreement;
-    pixel agreement of the preprocessing with torchvision's."""
+    pixel agreement of the preprocessing with torchvision's; and the served path from the encoded
+    files (`served_path`). The gated numbers are the worst of batch 1, batch 8 and the exact
+    served path; the reduced decode is recorded for the server to check (serving/images.py)."""
     from components.core.validation_data import ImageSpec, render_image
 
     specs = [
@@ -107,14 +114,15 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
     outputs = {1: (np.arange(len(specs)), single), 8: (np.array(idx8), np.stack([batched_rows[i] for i in idx8]))}
     values: dict[str, float] = {}
     for batch, (idx, out) in outputs.items():
-        diff = np.abs(out.astype(np.float64) - expected[idx])
-        values[f"b{batch}.max_abs_diff"] = float(diff.max())
-        values[f"b{batch}.mean_abs_diff"] = float(diff.mean())
-        values[f"b{batch}.top1_agreement"] = float(np.mean(out.argmax(1) == expected[idx].argmax(1)))
-        values[f"b{batch}.top5_agreement"] = float(topk_overlap(expected[idx], out, 5).mean())
+        values.update({f"b{batch}.{k}": v for k, v in probability_metrics(expected[idx], out).items()})
+    served: dict[str, float] = {}
+    if "served_outputs" in ref:
+        served = served_path(session, ref, export_dir)
+        values.update(served)
     worst = {"max_abs_diff": max, "mean_abs_diff": max, "top1_agreement": min, "top5_agreement": min}
+    scopes = [f"b{b}" for b in outputs] + (["served.exact"] if served else [])
     for metric, pick in worst.items():
-        values[metric] = pick(values[f"b{b}.{metric}"] for b in outputs)
+        values[metric] = pick(values[f"{scope}.{metric}"] for scope in scopes)
     values["batch_max_abs_diff"] = float(np.abs(outputs[8][1] - single[outputs[8][0]]).max())
     nonfinite = int((~np.isfinite(single)).any(axis=1).sum())
     values["nonfinite_rows"] = float(nonfinite)
@@ -125,9 +133,48 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
             "prob_diff": [float(d) for d in np.abs(single - expected).max(axis=1)],
             "top5_overlap": [float(o) for o in topk_overlap(expected, single, 5)],
         },
-        samples=len(specs),
+        samples=len(specs) + (int(served["served.images"]) if served else 0),
         misses=[f"{nonfinite} outputs contain NaN or inf"] if nonfinite else [],
     )
+
+
+def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
+    """The whole served path on the encoded validation files: the server's decoder
+    (serving/images.py), then the graph at batch 1, against PyTorch on Pillow's full decode.
+
+    `served.exact.*`: exact decoding. When the export chose reduced JPEG decoding as the server's
+    default (its `decode_min_side`), also `served.reduced.*` (end to end) and `decode.reduced.*`
+    (this variant's outputs with reduced against exact decoding, on the files it reduces: what
+    the decode gate, `serving.images.DECODE_GATE`, judges) and `decode.reduced.min_side`."""
+    from components.core.validation_data import unpack_files
+    from serving.images import ImageDecoder
+
+    files = unpack_files(ref["served_offsets"], ref["served_data"])
+    expected = ref["served_outputs"].astype(np.float64)
+    preprocessing = json.loads((export_dir / "export.json").read_text())["preprocessing"]
+    side = int(preprocessing.get("decode_min_side", 0))
+
+    def run(decoder: ImageDecoder) -> tuple[np.ndarray, list[int]]:
+        rows, pixels = [], []
+        for data in files:
+            image = decoder.decode(data, "validation file")
+            pixels.append(image.shape[0] * image.shape[1])
+            rows.append(session.run(None, {"images": image[None]})[0][0])
+        return np.stack(rows), pixels
+
+    exact, full = run(ImageDecoder(max_pixels=1 << 40))
+    values = {"served.images": float(len(files))}
+    values.update({f"served.exact.{k}": v for k, v in probability_metrics(expected, exact).items()})
+    if side:
+        reduced, pixels = run(ImageDecoder(max_pixels=1 << 40, reduce_to=side))
+        values.update({f"served.reduced.{k}": v for k, v in probability_metrics(expected, reduced).items()})
+        scaled = [i for i, (a, b) in enumerate(zip(pixels, full, strict=True)) if a < b]
+        values["decode.reduced.min_side"] = float(side)
+        values["decode.reduced.images"] = float(len(scaled))
+        if scaled:
+            effect = probability_metrics(exact[scaled], reduced[scaled])
+            values.update({f"decode.reduced.{k}": v for k, v in effect.items()})
+    return values
 
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
@@ -147,23 +194,28 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
-    """Smooth (photo-like) validation images of several sizes, at most PROBE_IMAGES, as PNG: PNG is
-    lossless, so the server's decoder yields exactly the pixels the reference was computed on."""
-    from components.core.validation_data import ImageSpec, encode_png, render_image
+    """At most PROBE_IMAGES of the encoded validation files, as clients send them, with PyTorch's
+    outputs on their full decode: JPEGs and PNGs of several sizes, EXIF orientations and
+    greyscale, decoded identically in both decode modes, plus PROBE_REDUCED JPEGs the bundle's
+    reduced decoding scales (when it has one), those it changes least, so that the node check
+    runs the decoder the server will use without gating the decode approximation twice (the
+    parity gate judged it on the whole set). Small files only: the probe travels in the bundle."""
+    from components.core.validation_data import unpack_files
     from serving.probe import Probe
 
+    side = int((export.preprocessing or {}).get("decode_min_side", 0))
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
-        specs = [
-            ImageSpec(int(h), int(w), str(k), int(s))
-            for h, w, k, s in zip(ref["heights"], ref["widths"], ref["kinds"], ref["seeds"], strict=True)
-        ]
-        picked = [i for i, s in enumerate(specs) if s.kind == "smooth" and s.height * s.width <= 1_300_000]
-        picked = picked[:: max(1, len(picked) // PROBE_IMAGES)][:PROBE_IMAGES]
-        return Probe(
-            task=export.task,
-            inputs=[encode_png(render_image(specs[i])) for i in picked],
-            outputs=ref["outputs"][picked],
-        )
+        files = unpack_files(ref["served_offsets"], ref["served_data"])
+        outputs, changed = ref["served_outputs"], ref["served_reduced_diff"]
+        formats, short = [str(f) for f in ref["served_formats"]], ref["served_sizes"].min(axis=1)
+    small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES]
+    # libjpeg scales by 1/2 at least, so the reduced decode changes a JPEG whose shorter side is 2 x side or more
+    scaled = [i for i in small if side and formats[i] == "JPEG" and short[i] >= 2 * side]
+    reduced = sorted(scaled, key=lambda i: float(changed[i]))[:PROBE_REDUCED]
+    same = [i for i in small if i not in scaled]
+    picked = same[:: max(1, len(same) // (PROBE_IMAGES - len(reduced)))][: PROBE_IMAGES - len(reduced)]
+    picked = sorted(picked + reduced)
+    return Probe(task=export.task, inputs=[files[i] for i in picked], outputs=outputs[picked])
 
 
 def _prob_gate(thresholds: dict[str, float]) -> float | None:
