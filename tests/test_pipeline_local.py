@@ -155,3 +155,77 @@ def test_image_run_checks_its_files_first(tmp_path: Path) -> None:
     unknown = ortpack_run("--model", "vgg11", "--task", "image-classification", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown image model 'vgg11' (supported: mobilenet_v3_small" in unknown.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_checkpoint_from_s3_signed_and_published(tiny_bert: Path, tmp_path: Path) -> None:
+    """The cluster flow on this machine: the model from an s3:// prefix (moto's S3 server), the
+    bundle signed with --sign-key, then published as a tar to S3 by the publish step."""
+    import os
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from serving.signing import verify_signature
+    from tests.test_signing import make_key_pair
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        aws = {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+        s3 = boto3.client("s3", endpoint_url=aws["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+        s3.create_bucket(Bucket="models")
+        s3.create_bucket(Bucket="published")
+        for path in tiny_bert.rglob("*"):
+            if path.is_file():
+                s3.upload_file(str(path), "models", f"team/tiny-bert/{path.relative_to(tiny_bert).as_posix()}")
+        private, public = make_key_pair(tmp_path)
+        args = ["--model", "s3://models/team/tiny-bert/", "--precisions", "fp32", "--version", "3"]
+        args += ["--sign-key", str(private), "--publish-to", "s3://published/bundles/"]
+        result = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "run", "--pipeline-root", str(tmp_path / "runs"), *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=900,
+            env={**os.environ, **aws},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        bundle = tmp_path / "dist" / "tiny-bert"
+        manifest = verify_bundle(bundle)
+        assert manifest.version == "3" and manifest.source.id == "s3://models/team/tiny-bert/"
+        from components.core.sources import tree_digest
+
+        assert manifest.source.revision == tree_digest(tiny_bert)  # the content, not the name
+        assert verify_signature(bundle, public).files
+        assert "published: s3://published/bundles/tiny-bert-3.tar" in result.stdout
+        head = s3.head_object(Bucket="published", Key="bundles/tiny-bert-3.tar")
+        assert len(head["Metadata"]["sha256"]) == 64
+        (run_dir,) = (tmp_path / "runs").iterdir()
+        verdict = json.loads(next(run_dir.glob("**/package-bundle/verdict/verdict.json")).read_text())
+        assert verdict["passed"] and verdict["signed"] and verdict["version"] == "3"
+    finally:
+        server.stop()
+
+
+def test_a_failed_gate_leaves_the_verdict_report_and_metrics(tiny_bert: Path, tmp_path: Path) -> None:
+    """The package step succeeds even when nothing passed (its outputs survive on a backend); the
+    gate step fails the run, and `ortpack run` reads the verdict, not a message."""
+    result = ortpack_run(
+        "--model", str(tiny_bert), "--precisions", "fp32", "--threshold", "max_abs_diff=0", cwd=tmp_path
+    )
+    assert result.returncode == 1
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    verdict = json.loads(next(run_dir.glob("**/package-bundle/verdict/verdict.json")).read_text())
+    assert verdict["passed"] is False and verdict["variants"]["cpu-fp32"][0].startswith("max_abs_diff")
+    assert next(run_dir.glob("**/package-bundle/report")).is_file()
+    (package,) = _metrics(run_dir, "package-bundle")
+    assert package["variants.passed"] == 0.0
+    assert "Executing task 'check-gate'" in result.stderr
