@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install run test unit lint typecheck format bench clean golden serve-lock bench-serve bench-image serve
+.PHONY: install run test unit lint typecheck format bench clean golden serve-lock bench-serve bench-image serve images
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,3 +73,20 @@ serve-lock:
 
 golden: $(STAMP)
 	$(PY) -m pipelines.golden
+
+# The component images (cpu and gpu flavours, Dockerfile.component) and the serving images
+# (Dockerfile.serve, cpu and gpu), tagged <IMAGE_REPO>/ortpack-{component,serve}:<version>[-gpu].
+# Skipped, with a message, where no Docker engine answers (this project's CI: the Dockerfiles are
+# linted by `make lint` instead).
+IMAGE_REPO ?= ghcr.io/ortpack
+images:
+	@if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then \
+		echo "make images: skipped: no Docker engine answers here (docker info failed); the Dockerfiles are linted by make lint"; \
+		exit 0; \
+	fi; \
+	v=$$(sed -n 's/^__version__ = "\(.*\)"$$/\1/p' serving/__init__.py); \
+	set -e; \
+	docker build -f Dockerfile.component -t $(IMAGE_REPO)/ortpack-component:$$v .; \
+	docker build -f Dockerfile.component --build-arg FLAVOUR=gpu -t $(IMAGE_REPO)/ortpack-component:$$v-gpu .; \
+	docker build -f Dockerfile.serve -t $(IMAGE_REPO)/ortpack-serve:$$v .; \
+	docker build -f Dockerfile.serve --build-arg FLAVOUR=gpu -t $(IMAGE_REPO)/ortpack-serve:$$v-gpu .
