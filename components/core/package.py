@@ -10,7 +10,7 @@ from typing import Any
 
 from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
 from components.core.errors import NoVariantPassedError
-from serving.bundle import Manifest, write_bundle
+from serving.bundle import Manifest, variant_file, write_bundle
 
 log = logging.getLogger("ortpack.package")
 
@@ -21,7 +21,7 @@ def variant_record(built: OptimizeResult, parity: ParityReport, bench: Benchmark
         "target": built.target,
         "precision": built.precision,
         "execution_providers": built.execution_providers,
-        "file": f"variants/{built.variant_id}/model.onnx",
+        "file": variant_file(built.variant_id),
         "ort_version": built.ort_version,
         "opset": built.opset,
         "offline_optimization_level": built.offline_optimization_level,
