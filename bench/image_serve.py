@@ -4,55 +4,74 @@
 
 Both serve MobileNetV3-small with the same weights (random, made non-degenerate: no trained
 weights are available offline; the work per image is the same). The workload is the published
-one: the same ~400 KB JPEG (1600x1200) posted as base64 JSON, closed loop (wrk) at concurrency 1,
-8 and 50, after a discarded warm-up run. Reported: requests/s, p50/p99, errors, peak RSS of the
-server's process tree, CPU per request, cold start. Writes bench/results/image_serve.json.
-If the bundle is missing it is built first (`ortpack build`, cpu fp32 and int8).
+one: the same ~400 KB 1280x960 JPEG posted as base64 JSON to /v1/classify/json, closed loop (wrk)
+at concurrency 1, 8 and 50, after a discarded warm-up run; for ortpack also the raw bytes to
+/v1/classify. Servers: the naive one, ortpack with its default decode (what the bundle's parity
+gate validated) and ortpack with `--decode exact`. Reported: requests/s, p50/p99, errors, peak RSS
+of the server's process tree, CPU per request, cold start; the CPU of one request split into its
+stages (JSON, base64, decode, graph preprocessing and network, the rest: HTTP, routing, queue),
+and the offline bound (decode + graph per image, no HTTP, two threads). Writes
+bench/results/image_serve.json. If the bundle is missing it is built first (`ortpack build`).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
+    cpu_seconds,
     free_port,
     print_run,
-    run_wrk,
+    rss_mb,
     started_server,
     table,
     write_results,
 )
 
 CONCURRENCY = (1, 8, 50)
+FILE_LUA = ROOT / "bench" / "wrk" / "post_file.lua"
+DRAIN_S = 3.0  # between runs: wrk stops at its deadline, the server still answers what it accepted
+WIDTH, HEIGHT, TARGET_BYTES = 1280, 960, 400_000
 
 
-def make_jpeg(target_bytes: int = 400_000) -> bytes:
-    """A 1600x1200 photo-like JPEG of about `target_bytes` (the quality is searched)."""
+def make_jpeg() -> bytes:
+    """A 1280x960 photo-like JPEG (the validation set's "photo" content) of at most ~400 KB: the
+    highest quality that fits."""
     from PIL import Image
 
-    from components.core.validation_data import ImageSpec, render_image
+    from components.core.validation_data import EncodedImageSpec, render_content
 
-    image = Image.fromarray(render_image(ImageSpec(1200, 1600, "smooth", 42)))
+    image = Image.fromarray(
+        render_content(EncodedImageSpec(width=WIDTH, height=HEIGHT, content="photo", format="JPEG", seed=42))
+    )
     best = b""
-    for quality in range(95, 40, -1):
+    for quality in range(98, 40, -1):
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=quality)
         best = buf.getvalue()
-        if len(best) <= target_bytes:
+        if len(best) <= TARGET_BYTES:
             break
     return best
 
@@ -85,18 +104,183 @@ def ensure_bundle(bundle: Path, weights: Path) -> None:
         )
 
 
-def bench(
-    name: str, command: list[str], env: dict[str, str], port: int, bodies: Path, seconds: float
+def run_load(
+    url: str, path: str, lua: Path, env: dict[str, str], connections: int, seconds: float, proc: psutil.Process
 ) -> dict[str, Any]:
+    """One closed-loop wrk run: rates, latency, errors, peak RSS and CPU per request of `proc`."""
+    peak = [rss_mb(proc)]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            peak[0] = max(peak[0], rss_mb(proc))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cpu0 = cpu_seconds(proc)
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s"]
+    out = subprocess.run(
+        [*command, "-s", str(lua), f"{url}{path}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    ).stdout
+    cpu1 = cpu_seconds(proc)
+    stop.set()
+    sampler.join()
+    found = re.search(r"WRK_JSON (\{.*\})", out)
+    if not found:
+        raise SystemExit(f"wrk printed no summary:\n{out}")
+    stats = json.loads(found.group(1))
+    requests = max(1, stats["requests"])
+    return {
+        "requests_per_s": stats["requests"] / (stats["duration_us"] / 1e6),
+        "p50_ms": stats["p50_us"] / 1000,
+        "p99_ms": stats["p99_us"] / 1000,
+        "errors": sum(stats[k] for k in stats if k.startswith("errors_")),
+        "peak_rss_mb": peak[0],
+        "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / requests,
+        "requests": stats["requests"],
+    }
+
+
+def bench(
+    name: str, command: list[str], env: dict[str, str], port: int, files: dict[str, Path], seconds: float, raw: bool
+) -> dict[str, Any]:
+    # one fixed body per workload: wrk formats the request once (formatting a 500 KB body per
+    # request in Lua costs the load generator, which shares the two cores, ~5 ms each)
+    json_body = {"WRK_FILE": str(files["json"]), "WRK_TYPE": "application/json"}
+    workloads = [("base64 JSON", "/v1/classify/json", FILE_LUA, json_body)]
+    if raw:
+        workloads.append(
+            ("raw bytes", "/v1/classify", FILE_LUA, {"WRK_FILE": str(files["jpeg"]), "WRK_TYPE": "image/jpeg"})
+        )
     with started_server(name, command, env, port) as (url, handle, cold):
-        run_wrk(url, bodies, 8, 3, handle, path="/v1/classify/json")
+        run_load(url, *workloads[0][1:], 8, 3, handle)
         runs = []
-        for connections in CONCURRENCY:
-            result = run_wrk(url, bodies, connections, seconds, handle, path="/v1/classify/json")
-            result["concurrency"] = connections
-            runs.append(result)
-            print_run(f"c={connections}", result)
+        for workload, path, lua, lua_env in workloads:
+            for connections in CONCURRENCY:
+                time.sleep(DRAIN_S)  # the previous run's accepted requests finish first
+                result = run_load(url, path, lua, lua_env, connections, seconds, handle)
+                result.update(workload=workload, concurrency=connections)
+                runs.append(result)
+                print_run(f"{workload} c={connections}", result)
         return {"server": name, "cold_start_s": cold, "runs": runs}
+
+
+def exact_flag(bundle: Path, tmp: Path) -> tuple[list[str], Path]:
+    """How to ask the server for exact decoding: `--decode exact` where the server has it; else
+    (an older configuration, where only `--jpeg-draft` exists) a copy of the bundle whose manifest
+    says decode exact, which is what a bundle built without reduced decoding says."""
+    from serving.config import build_parser
+
+    if any("--decode" in action.option_strings for action in build_parser()._actions):
+        return ["--decode", "exact"], bundle
+    copy = tmp / "exact-bundle"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["preprocessing"].update(decode="exact", decode_min_side=0)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return [], copy
+
+
+def per_call_ms(fn: Callable[[], Any], n: int) -> float:
+    """CPU milliseconds of one call (this thread's CPU time, so other load does not count)."""
+    fn()
+    t0 = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - t0) / n * 1000
+
+
+def graph_split(model: Path, variant: Any, image: Any, runs: int = 30) -> dict[str, float]:
+    """ms per call in the graph's preprocessing (`pre/` nodes) and network (`net/`), from ONNX
+    Runtime's profile of a session loaded as the server loads it (one thread, its online level)."""
+    import onnxruntime as ort
+
+    from serving.runtime import plan_for
+
+    plan = plan_for(variant)
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "profile")
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if plan.online_optimization
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        session = ort.InferenceSession(str(model), options, providers=plan.providers)
+        for _ in range(runs):
+            session.run(None, {"images": image[None]})
+        events = json.loads(Path(session.end_profiling()).read_text())
+    total: collections.Counter[str] = collections.Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            total["preprocess" if event["name"].startswith("pre/") else "network"] += event["dur"]
+    return {key: value / 1000 / runs for key, value in total.items()}
+
+
+def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
+    """Offline CPU per request in each stage, for the variant `--variant auto` serves: JSON parse,
+    base64, decode (exact and the bundle's default), the graph split into preprocessing and
+    network (for the image each decode gives); and the offline bound: decode + graph per image on
+    two threads (the server's model workers), no HTTP, images per second."""
+    import onnxruntime as ort
+    import orjson
+
+    from serving.backend import load_session
+    from serving.bundle import read_manifest
+    from serving.hardware import this_machine
+    from serving.images import ImageDecoder, decode_base64
+    from serving.service import choose_variant
+    from serving.tasks.image_classification import choose_decoder
+
+    manifest = read_manifest(bundle)
+    variant = choose_variant(manifest, "auto", ort.get_available_providers(), this_machine())
+    session, _ = load_session((bundle / variant.file).read_bytes(), variant, intra_op_threads=1)
+    decoders = {"exact": ImageDecoder(40_000_000)}
+    default, why = choose_decoder(manifest, variant, "auto", 40_000_000)
+    decoders["default"] = default
+    text = orjson.loads(body)["image"]
+    costs: dict[str, Any] = {"variant": variant.id, "default_decode": why}
+    costs["json parse"] = per_call_ms(lambda: orjson.loads(body), 200)
+    costs["base64"] = per_call_ms(lambda: decode_base64(text, "image"), 200)
+    for name, decoder in decoders.items():
+        image = decoder.decode(jpeg)
+        costs[f"decode {name}"] = per_call_ms(lambda decoder=decoder: decoder.decode(jpeg), 30)
+        costs[f"decoded size {name}"] = f"{image.shape[1]}x{image.shape[0]}"
+        costs[f"graph {name}"] = per_call_ms(lambda image=image: session.run(None, {"images": image[None]}), 30)
+        split = graph_split(bundle / variant.file, variant, image)  # profiled: only the shares count
+        share = split.get("preprocess", 0.0) / max(1e-9, sum(split.values()))
+        costs[f"graph {name} preprocess"] = costs[f"graph {name}"] * share
+        costs[f"graph {name} network"] = costs[f"graph {name}"] * (1 - share)
+        costs[f"offline bound {name}"] = offline_bound(decoder, session, jpeg)
+    return costs
+
+
+def offline_bound(decoder: Any, session: Any, jpeg: bytes, seconds: float = 4.0) -> float:
+    """Images per second: decode + graph at batch 1 on two threads, nothing else."""
+    done = [0]
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def work() -> None:
+        while time.perf_counter() < deadline:
+            image = decoder.decode(jpeg)
+            session.run(None, {"images": image[None]})
+            with lock:
+                done[0] += 1
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0] / (time.perf_counter() - t0)
 
 
 def main() -> int:
@@ -113,57 +297,52 @@ def main() -> int:
     bundle, weights = Path(args.bundle), Path(args.weights)
     ensure_bundle(bundle, weights)
     jpeg = make_jpeg()
+    body = json.dumps({"image": base64.b64encode(jpeg).decode()})
     results: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "jpeg_bytes": len(jpeg),
+        "jpeg": {"width": WIDTH, "height": HEIGHT, "bytes": len(jpeg), "body_bytes": len(body)},
         "servers": [],
     }
+    print(f"JPEG {WIDTH}x{HEIGHT}, {len(jpeg) / 1000:.0f} KB; offline stage costs", flush=True)
+    results["stages"] = stage_costs(bundle, jpeg, body.encode())
     with tempfile.TemporaryDirectory() as tmp:
-        bodies = Path(tmp) / "bodies.jsonl"
-        bodies.write_text(json.dumps({"image": base64.b64encode(jpeg).decode()}) + "\n")
-        uvicorn = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--workers",
-            str(os.cpu_count() or 2),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ]
+        files = {"json": Path(tmp) / "body.json", "jpeg": Path(tmp) / "image.jpg"}
+        files["json"].write_text(body)
+        files["jpeg"].write_bytes(jpeg)
+        uvicorn = [sys.executable, "-m", "uvicorn", "--workers", str(os.cpu_count() or 2), "--log-level", "warning"]
         port = free_port()
         results["servers"].append(
             bench(
                 "naive pytorch",
-                [*uvicorn, "--port", str(port), "bench.baselines.naive_image:app"],
+                [*uvicorn, "--no-access-log", "--port", str(port), "bench.baselines.naive_image:app"],
                 {"NAIVE_WEIGHTS": str(weights)},
                 port,
-                bodies,
+                files,
                 args.seconds,
+                raw=False,
             )
         )
-        for name, extra in (("ortpack", []), ("ortpack --jpeg-draft", ["--jpeg-draft", "true"])):
+        flag, exact_bundle = exact_flag(bundle, Path(tmp))
+        for name, served, extra in (("ortpack", bundle, []), ("ortpack --decode exact", exact_bundle, flag)):
             port = free_port()
-            command = [
-                sys.executable,
-                "-m",
-                "serving",
-                "--bundle",
-                str(bundle),
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                *extra,
-            ]
-            results["servers"].append(bench(name, command, {}, port, bodies, args.seconds))
-    rows = [["server", "conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req"]]
+            command = [sys.executable, "-m", "serving", "--bundle", str(served), "--port", str(port)]
+            command += ["--log-level", "warning", *extra]
+            results["servers"].append(bench(name, command, {}, port, files, args.seconds, raw=True))
+    report(results, args.seconds)
+    write_results(args.out, results)
+    return 0
+
+
+def report(results: dict[str, Any], seconds: float) -> None:
+    rows = [["server", "workload", "conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req"]]
     for server in results["servers"]:
         for r in server["runs"]:
             rows.append(
                 [
                     server["server"],
+                    r["workload"],
                     str(r["concurrency"]),
                     f"{r['requests_per_s']:.1f}",
                     f"{r['p50_ms']:.1f}",
@@ -173,27 +352,74 @@ def main() -> int:
                     f"{r['cpu_ms_per_request']:.1f}",
                 ]
             )
+    jpeg = results["jpeg"]
     print(
-        f"\nimage serving: MobileNetV3-small, the same {len(jpeg) / 1000:.0f} KB JPEG as base64 JSON, "
-        f"{os.cpu_count()} cores, {args.seconds:.0f} s per row"
+        f"\nimage serving: MobileNetV3-small, the same {jpeg['width']}x{jpeg['height']} {jpeg['bytes'] / 1000:.0f} KB "
+        f"JPEG, {results['cpu_count']} cores ({results['cpu']}), {seconds:.0f} s per row"
     )
     print(table(rows))
-    naive, ours, draft = ({r["concurrency"]: r for r in s["runs"]} for s in results["servers"])
-    ratios = [["concurrency", "ortpack vs naive", "--jpeg-draft vs naive", "p99 ms: naive / ortpack / draft"]]
-    for c in CONCURRENCY:
-        ratios.append(
-            [
-                str(c),
-                f"{ours[c]['requests_per_s'] / naive[c]['requests_per_s']:.1f}x",
-                f"{draft[c]['requests_per_s'] / naive[c]['requests_per_s']:.1f}x",
-                f"{naive[c]['p99_ms']:.0f} / {ours[c]['p99_ms']:.0f} / {draft[c]['p99_ms']:.0f}",
-            ]
-        )
+    runs = {(s["server"], r["workload"], r["concurrency"]): r for s in results["servers"] for r in s["runs"]}
+    ratios = [["workload", "conc.", "default vs naive", "exact vs naive", "p99 ms: naive / default / exact"]]
+    for workload in ("base64 JSON", "raw bytes"):
+        for c in CONCURRENCY:
+            naive = runs[("naive pytorch", "base64 JSON", c)]
+            ours, exact = runs[("ortpack", workload, c)], runs[("ortpack --decode exact", workload, c)]
+            ratios.append(
+                [
+                    workload + ("" if workload == "base64 JSON" else " (naive: JSON)"),
+                    str(c),
+                    f"{ours['requests_per_s'] / naive['requests_per_s']:.1f}x",
+                    f"{exact['requests_per_s'] / naive['requests_per_s']:.1f}x",
+                    f"{naive['p99_ms']:.0f} / {ours['p99_ms']:.0f} / {exact['p99_ms']:.0f}",
+                ]
+            )
     results["ratios"] = ratios
     print("\n" + table(ratios))
+    stages = results["stages"]
+    split = [["stage (CPU ms per request)", "default decode", "exact decode"]]
+    split.append(["decoded image", stages["decoded size default"], stages["decoded size exact"]])
+    for label, key in (("JSON parse", "json parse"), ("base64", "base64")):
+        split.append([label, f"{stages[key]:.2f}", f"{stages[key]:.2f}"])
+    for label, key in (
+        ("decode", "decode"),
+        ("graph: preprocessing", "graph {} preprocess"),
+        ("graph: network", "graph {} network"),
+    ):
+        split.append(
+            [label, *(f"{stages[key.format(m) if '{' in key else f'{key} {m}']:.2f}" for m in ("default", "exact"))]
+        )
+    for mode_label, server in (("default", "ortpack"), ("exact", "ortpack --decode exact")):
+        measured = runs[(server, "base64 JSON", 50)]["cpu_ms_per_request"]
+        known = stages["json parse"] + stages["base64"] + stages[f"decode {mode_label}"] + stages[f"graph {mode_label}"]
+        stages[f"rest {mode_label}"] = measured - known
+        stages[f"server {mode_label}"] = measured
+    split.append(
+        ["the rest: HTTP, routing, queue, answer", f"{stages['rest default']:.2f}", f"{stages['rest exact']:.2f}"]
+    )
+    split.append(
+        ["server total at c=50 (measured)", f"{stages['server default']:.2f}", f"{stages['server exact']:.2f}"]
+    )
+    split.append(
+        [
+            "offline bound, images/s (decode + graph, 2 threads)",
+            f"{stages['offline bound default']:.0f}",
+            f"{stages['offline bound exact']:.0f}",
+        ]
+    )
+    results["cpu_split"] = split
+    print(f"\nvariant {stages['variant']}, default decode: {stages['default_decode']}")
+    print(table(split))
     print("\n" + cold_start_table(results["servers"]))
-    write_results(args.out, results)
-    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 if __name__ == "__main__":
