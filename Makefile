@@ -73,6 +73,7 @@ serve-lock:
 
 golden: $(STAMP)
 	$(PY) -m pipelines.golden
+	$(PY) -m tests.openapi_golden
 
 # The component images (cpu and gpu flavours, Dockerfile.component) and the serving images
 # (Dockerfile.serve, cpu and gpu), tagged <IMAGE_REPO>/ortpack-{component,serve}:<version>[-gpu].

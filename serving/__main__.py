@@ -120,7 +120,9 @@ def build(config: Any) -> Any:
     fetched = fetch(config.bundle, cache)
     try:
         signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded
-        service = load_service(fetched.path, config, Metrics())
+        # the signature's digests pin manifest.json, and through it every file loaded: a file
+        # swapped after the signature check can never be what is served
+        service = load_service(fetched.path, config, Metrics(), signed=signature.digests if signature else None)
     except BaseException:
         fetched.discard()
         raise

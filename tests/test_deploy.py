@@ -201,7 +201,7 @@ def server_container(workload: Workload) -> dict[str, Any]:
 def serve_config_fields() -> dict[str, Any]:
     from serving.config import ServeConfig
 
-    return {f.name: f.default for f in fields(ServeConfig) if f.name != "extra"}
+    return {f.name: f.default for f in fields(ServeConfig)}
 
 
 # --- schemas ----------------------------------------------------------------------------------

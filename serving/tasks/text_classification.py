@@ -81,7 +81,14 @@ class TextClassificationRuntime:
             encoded = await self.encode(v2_texts(tensor), "inputs[0].data")
             return encoded.payloads, encoded.buckets
         shape, data = tensor.get("shape"), tensor.get("data")
-        if not (isinstance(shape, list) and len(shape) == 2 and shape[1] == 2 and isinstance(shape[0], int)):
+        if not (
+            isinstance(shape, list)
+            and len(shape) == 2
+            and shape[1] == 2
+            and isinstance(shape[0], int)
+            and not isinstance(shape[0], bool)
+            and shape[0] > 0
+        ):
             raise InvalidRequestError(f"input 'text' shape must be [n, 2] (query, document rows), got {shape!r}")
         if isinstance(data, list) and data and all(isinstance(row, list) for row in data):
             data = [x for row in data for x in row]
