@@ -9,7 +9,8 @@ Sources, named by a URI:
 - `s3://bucket/key.tar`: downloaded with boto3, then extracted; `s3://bucket/prefix/` (or any
   key that is not an archive): every object under the prefix is downloaded, keeping its path
   relative to the prefix. boto3 reads the standard `AWS_*` environment variables, including
-  `AWS_ENDPOINT_URL` for S3-compatible servers.
+  `AWS_ENDPOINT_URL` for S3-compatible servers. `minio://bucket/...` (what Kubeflow Pipelines
+  calls its artifact store) is the same, and needs `AWS_ENDPOINT_URL` (the MinIO service).
 - `oci://HOST[:PORT]/REPO@sha256:...` or `oci://HOST[:PORT]/REPO:TAG`: an OCI artifact pushed by
   `ortpack bundle push` (serving.oci, the `oci` extra): the manifest digest is checked when the
   reference is pinned, every layer's size and sha256 always.
@@ -124,14 +125,15 @@ def fetch(uri: str, cache_dir: Path) -> Fetched:
             return _fetch_local(_file_uri_path(uri), uri, cache_dir)
         if scheme in ("http", "https"):
             return _locked(cache_dir, lambda: _fetch_http(uri, cache_dir))
-        if scheme == "s3":
+        if scheme in ("s3", "minio"):
             return _locked(cache_dir, lambda: _fetch_s3(uri, cache_dir))
         if scheme == "oci":
             return _locked(cache_dir, lambda: _fetch_oci(uri, cache_dir))
     except OSError as exc:  # a safety net: the fetchers convert the errors they expect
         raise BundleError(f"cannot fetch {uri}: {_describe(exc)}") from None
     raise BundleError(
-        f"unsupported bundle URI scheme {scheme!r} (use a directory, file://, http(s)://, s3:// or oci://): {uri}"
+        f"unsupported bundle URI scheme {scheme!r} (use a directory, file://, http(s)://, s3://, minio:// or "
+        f"oci://): {uri}"
     )
 
 
@@ -249,6 +251,12 @@ def _fetch_s3(uri: str, cache_dir: Path) -> Fetched:
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:
         raise BundleError(f"fetching {uri} needs boto3: install the s3 extra (pip install ortpack[s3])") from None
+    if uri.lower().startswith("minio://") and not (
+        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    ):
+        raise BundleError(
+            f"{uri}: minio:// needs AWS_ENDPOINT_URL (the MinIO service, e.g. http://minio-service.kubeflow:9000)"
+        )
     try:
         client = boto3.client("s3")
         if key.endswith(ARCHIVE_SUFFIXES):

@@ -81,6 +81,30 @@ class TextEncoder:
         self.buckets = tuple(ceilings)
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @classmethod
+    def for_server(cls, tokenizer_json: str, model_max_length: int, config: Any) -> TextEncoder:
+        """The encoder a server uses: the bundle's tokenizer with the server's limits
+        (--max-tokens, --truncate, --buckets, --max-text-chars from `config`)."""
+        max_tokens = config.max_tokens or model_max_length
+        if max_tokens > model_max_length:
+            raise ValueError(f"--max-tokens {max_tokens} exceeds the model's {model_max_length}")
+        return cls(
+            tokenizer_json,
+            max_tokens=max_tokens,
+            truncate=config.truncate,
+            buckets=config.buckets or default_buckets(max_tokens),
+            max_chars=config.max_text_chars,
+        )
+
+    def warm_up_batches(self, max_batch_size: int) -> list[list[np.ndarray]]:
+        """Batch 1 at every bucket ceiling and a full batch at the smallest, biggest first."""
+
+        def ids(length: int) -> np.ndarray:
+            return np.full(length, 1000 % self.vocab_size, dtype=np.int64)
+
+        batches = [[ids(b)] for b in self.buckets] + [[ids(self.buckets[0])] * max_batch_size]
+        return sorted(batches, key=lambda batch: -len(batch) * len(batch[0]))
+
     def bucket_of(self, length: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, length)]
 
@@ -219,3 +243,19 @@ def v2_texts(tensor: dict[str, Any]) -> list[str]:
     if texts is None:
         raise InvalidRequestError(f"input '{name}' must hold one or more non-empty strings")
     return texts
+
+
+def probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Any:
+    """Probe inputs (texts, or (query, document) pairs) to token payloads with the bundle's
+    tokenizer at the bundle's own max length, whatever --max-tokens the server uses: the probe
+    checks the variant, not the server's limits. `fields` are the manifest's fields as a dict."""
+    tokenizer = fields["tokenizer"]
+    length = int(tokenizer["max_length"])
+    encoder = TextEncoder(files[tokenizer["file"]].decode(), max_tokens=length, truncate=True, buckets=(length,))
+
+    def prepare(inputs: Sequence[Any]) -> list[Any]:
+        if inputs and isinstance(inputs[0], tuple):
+            return list(encoder.encode_pairs([(str(a), str(b)) for a, b in inputs]).payloads)
+        return list(encoder.encode([str(t) for t in inputs]).payloads)
+
+    return prepare

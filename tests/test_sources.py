@@ -332,6 +332,19 @@ def test_s3_tar_and_prefix(bundle: Path, tmp_path: Path, cache: Path, s3: Any) -
     assert [name for name in _leftovers(cache) if name.startswith(".")] == []
 
 
+def test_minio_is_s3_with_an_endpoint(
+    bundle: Path, tmp_path: Path, cache: Path, s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kubeflow's artifact store URIs (minio://mlpipeline/v2/artifacts/...) read as S3."""
+    s3.create_bucket(Bucket="mlpipeline")
+    s3.upload_file(str(_tar(bundle, tmp_path / "bundle.tar", "demo-3")), "mlpipeline", "v2/artifacts/bundle.tar")
+    assert verify_bundle(fetch_bundle("minio://mlpipeline/v2/artifacts/bundle.tar", cache)).name == "demo"
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    with pytest.raises(BundleError, match="minio:// needs AWS_ENDPOINT_URL"):
+        fetch_bundle("minio://mlpipeline/v2/artifacts/other.tar", cache)
+
+
 def test_s3_errors(cache: Path, s3: Any) -> None:
     with pytest.raises(BundleError, match="^s3://no-such-bucket/x.tar: NoSuchBucket$"):
         fetch_bundle("s3://no-such-bucket/x.tar", cache)

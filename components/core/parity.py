@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from components.core.artifacts import ParityReport
+from components.core.errors import one_line
 from components.core.specs import ParityThresholds
 from serving.gates import gate
 from serving.runtime import SessionPlan, create_session
@@ -61,7 +62,7 @@ def check_parity(
         )
         session = create_session(Path(model_path), plan)
     except Exception as exc:  # noqa: BLE001 - a graph ORT cannot load is a miss, not a crash
-        return report({}, [f"ONNX Runtime cannot load the model: {' '.join(str(exc).split())[:300]}"], "none", 0)
+        return report({}, [f"ONNX Runtime cannot load the model: {one_line(exc, 300)}"], "none", 0)
     validated_on = session.get_providers()[0]
     misses = family.check_signature(session)
     if misses:

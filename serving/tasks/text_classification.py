@@ -24,7 +24,7 @@ from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import probability_metrics, rank_agreement
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
 from serving.tasks import LoadContext, Prepare, ServingTask
-from serving.text import Encoded, TextEncoder, default_buckets, parse_text_input, v2_texts
+from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
 
 
 class TextClassificationRuntime:
@@ -33,35 +33,21 @@ class TextClassificationRuntime:
         tokenizer, classification = manifest.tokenizer, manifest.classification
         if tokenizer is None or classification is None:
             raise ValueError("a text-classification bundle needs tokenizer and classification settings")
-        max_tokens = config.max_tokens or tokenizer.max_length
-        if max_tokens > tokenizer.max_length:
-            raise ValueError(f"--max-tokens {max_tokens} exceeds the model's {tokenizer.max_length}")
         self.pairs = classification.pairs
         self.max_items = config.max_items
-        self.encoder = TextEncoder(
-            ctx.files[tokenizer.file].decode(),
-            max_tokens=max_tokens,
-            truncate=config.truncate,
-            buckets=config.buckets or default_buckets(max_tokens),
-            max_chars=config.max_text_chars,
-        )
+        self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
         self.output_name = manifest.outputs[0].name
         self.output_dim = int(manifest.outputs[0].shape[-1])
         self.labels = manifest.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
         self.backend = _backend(ctx.session, manifest.model_dump())
         self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = _probe_prepare(manifest.model_dump(), ctx.files)
+        self._probe = probe_prepare(manifest.model_dump(), ctx.files)
 
     def item_cost(self) -> tuple[None, float]:
         return None, float("inf")
 
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        def ids(length: int) -> np.ndarray:
-            return np.full(length, 1000 % self.encoder.vocab_size, dtype=np.int64)
-
-        buckets = self.encoder.buckets
-        batches = [[ids(b)] for b in buckets] + [[ids(buckets[0])] * max_batch_size]
-        return sorted(batches, key=lambda batch: -len(batch) * len(batch[0]))
+        return list(self.encoder.warm_up_batches(max_batch_size))
 
     def probe_prepare(self) -> Prepare:
         return self._probe
@@ -228,20 +214,6 @@ def _backend(session: Any, fields: dict[str, Any]) -> TextClassifierBackend:
     return TextClassifierBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
 
 
-def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
-    """Texts (or (query, document) pairs) to tokens with the bundle's tokenizer at its max length."""
-    tokenizer = fields["tokenizer"]
-    length = int(tokenizer["max_length"])
-    encoder = TextEncoder(files[tokenizer["file"]].decode(), max_tokens=length, truncate=True, buckets=(length,))
-
-    def prepare(inputs: Sequence[Any]) -> list[Any]:
-        if inputs and isinstance(inputs[0], tuple):
-            return list(encoder.encode_pairs([(str(a), str(b)) for a, b in inputs]).payloads)
-        return list(encoder.encode([str(t) for t in inputs]).payloads)
-
-    return prepare
-
-
 def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]) -> dict[str, float]:
     """Classifiers: probability differences and top-1/top-5 agreement. Cross-encoders: score
     differences and rank agreement within each query's documents."""
@@ -330,7 +302,7 @@ SCHEMAS: dict[str, Any] = {
 TASK = ServingTask(
     name="text-classification",
     open=TextClassificationRuntime,
-    probe_prepare=_probe_prepare,
+    probe_prepare=probe_prepare,
     backend=_backend,
     probe_metrics=_metrics,
 )

@@ -8,10 +8,8 @@ bucket; the backend pads each batch to its longest text.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,7 +18,7 @@ from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import embedding_metrics
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
 from serving.tasks import LoadContext, Prepare, ServingTask
-from serving.text import Encoded, TextEncoder, default_buckets, parse_text_input, v2_texts
+from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
 
 
 class TextEmbeddingRuntime:
@@ -33,34 +31,18 @@ class TextEmbeddingRuntime:
         tokenizer = manifest.tokenizer
         if tokenizer is None:
             raise ValueError("a text-embedding bundle needs tokenizer settings")
-        max_tokens = config.max_tokens or tokenizer.max_length
-        if max_tokens > tokenizer.max_length:
-            raise ValueError(f"--max-tokens {max_tokens} exceeds the model's {tokenizer.max_length}")
         self.max_items = config.max_items
-        self.encoder = TextEncoder(
-            ctx.files[tokenizer.file].decode(),
-            max_tokens=max_tokens,
-            truncate=config.truncate,
-            buckets=config.buckets or default_buckets(max_tokens),
-            max_chars=config.max_text_chars,
-        )
+        self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
         self.output_dim = int(manifest.outputs[0].shape[-1])
         self.backend = _backend(ctx.session, manifest.model_dump())
         self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = _probe_prepare(manifest.model_dump(), ctx.files)
+        self._probe = probe_prepare(manifest.model_dump(), ctx.files)
 
     def item_cost(self) -> tuple[None, float]:
         return None, float("inf")
 
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        """Batch 1 at every bucket ceiling and a full batch at the smallest, biggest first."""
-
-        def ids(length: int) -> np.ndarray:
-            return np.full(length, 1000 % self.encoder.vocab_size, dtype=np.int64)
-
-        buckets = self.encoder.buckets
-        batches = [[ids(b)] for b in buckets] + [[ids(buckets[0])] * max_batch_size]
-        return sorted(batches, key=lambda batch: -len(batch) * len(batch[0]))
+        return list(self.encoder.warm_up_batches(max_batch_size))
 
     def probe_prepare(self) -> Prepare:
         return self._probe
@@ -142,23 +124,6 @@ def _backend(session: Any, fields: dict[str, Any]) -> TextEmbeddingBackend:
     return TextEmbeddingBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
 
 
-def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
-    """Probe texts to token ids with the bundle's tokenizer at its own max length, whatever
-    --max-tokens the server uses: the probe checks the variant, not the server's limits."""
-    tokenizer = fields["tokenizer"]
-    encoder = TextEncoder(
-        files[tokenizer["file"]].decode(),
-        max_tokens=int(tokenizer["max_length"]),
-        truncate=True,
-        buckets=(int(tokenizer["max_length"]),),
-    )
-
-    def prepare(texts: Sequence[Any]) -> list[Any]:
-        return list(encoder.encode([str(t) for t in texts]).payloads)
-
-    return prepare
-
-
 SCHEMAS: dict[str, Any] = {
     "EmbeddingsRequest": {
         "type": "object",
@@ -210,7 +175,7 @@ SCHEMAS: dict[str, Any] = {
 TASK = ServingTask(
     name="text-embedding",
     open=TextEmbeddingRuntime,
-    probe_prepare=_probe_prepare,
+    probe_prepare=probe_prepare,
     backend=_backend,
     probe_metrics=lambda reference, candidate, _inputs: embedding_metrics(reference, candidate),
 )

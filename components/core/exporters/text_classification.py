@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from components.core.artifacts import ExportResult
-from components.core.errors import ExportError, ModelLoadError
+from components.core.errors import ExportError, ModelLoadError, one_line
 from components.core.exporters.text_embedding import save_tokenizer_json
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
@@ -59,11 +59,6 @@ class Classifier(nn.Module):
         if self.activation == "sigmoid":
             return torch.sigmoid(logits)
         return logits
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
 
 
 def _weights_file(model_dir: Path) -> Path:
@@ -122,7 +117,7 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint
-        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {_one_line(exc)}") from None
+        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {one_line(exc, 300)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{model_dir} has no fast tokenizer (tokenizer.json); ortpack ships one")
     try:
@@ -130,9 +125,9 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
             model_dir, attn_implementation="eager", local_files_only=True, use_safetensors=weights.suffix != ".bin"
         )
     except (ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{model_dir} is not a sequence classifier: {_one_line(exc)}") from None
+        raise ModelLoadError(f"{model_dir} is not a sequence classifier: {one_line(exc, 300)}") from None
     except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load weights from {weights}: {_one_line(exc)}") from None
+        raise ModelLoadError(f"cannot load weights from {weights}: {one_line(exc, 300)}") from None
     return tokenizer, model.eval()
 
 
@@ -257,7 +252,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
             )
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001
-        raise ExportError(f"cannot export {model_dir} to ONNX: {_one_line(exc)}") from None
+        raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
     graph = onnx.load(str(model_path))
     out_dims = graph.graph.output[0].type.tensor_type.shape.dim
     out_dims[0].dim_param = "batch"
