@@ -130,6 +130,112 @@ def minimal_manifest() -> dict[str, Any]:
                 "ort_version": "1.0",
                 "opset": 17,
                 "offline_optimization_level": "extended",
+                "optimize": {"nodes_before": 10, "nodes_after": 5, "mb": 0.1, "seconds": 0.1},
+                "parity": {
+                    "passed": True,
+                    "validated_on": "CPUExecutionProvider",
+                    "samples": 1,
+                    "thresholds": {},
+                    "values": {},
+                },
             }
         ],
     }
+
+
+# Config overrides that make each family tiny (2 layers, 64 wide, MiniLM's 30522-token vocabulary)
+# on top of the family's own defaults; the families whose config names differ get their own keys.
+_TINY_COMMON: dict[str, Any] = dict(
+    vocab_size=30522,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    initializer_range=0.2,
+)
+# MiniLM's tokenizer: [PAD] 0, [CLS] 101, [SEP] 102. Families whose default special ids lie beyond
+# its vocabulary take these instead.
+_MINILM_SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102)
+_TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "distilbert": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
+    "albert": dict(embedding_size=32),
+    "electra": dict(embedding_size=32),
+    "mobilebert": dict(embedding_size=32, true_hidden_size=32, intra_bottleneck_size=32, num_feedforward_networks=2),
+    "rembert": dict(input_embedding_size=32, output_embedding_size=64),
+    "convbert": dict(embedding_size=64),
+    # DeBERTa-v3's layout: relative attention with position buckets, no absolute positions,
+    # no token types
+    "deberta-v2": dict(
+        relative_attention=True,
+        position_biased_input=False,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=32,
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        max_relative_positions=-1,
+    ),
+    "deberta": dict(relative_attention=True, position_biased_input=False, pos_att_type=["p2c", "c2p"]),
+    # a sliding window shorter than the sequences the tests feed, so the local layers are exercised
+    "modernbert": dict(local_attention=32, initializer_range=0.2, **_MINILM_SPECIAL_IDS),
+    "eurobert": dict(head_dim=16, num_key_value_heads=4, **_MINILM_SPECIAL_IDS),
+    "nomic_bert": dict(head_dim=16),
+    "gte": dict(pad_token_id=0),
+    "xlm": dict(emb_dim=64, n_layers=2, n_heads=4, pad_token_id=0, embed_init_std=0.2, init_std=0.2),
+    "flaubert": dict(emb_dim=64, n_layers=2, n_heads=4, pad_token_id=0, embed_init_std=0.2, init_std=0.2),
+    "funnel": dict(block_sizes=[1, 1], num_decoder_layers=1, d_model=64, n_head=4, d_head=16, d_inner=128),
+    "xmod": dict(default_language="en_XX"),
+}
+
+
+def make_tiny_encoder(model_type: str, out: Path, *, seed: int = 0, max_position: int = 128) -> Path:
+    """A 2-layer, 64-wide random-weight checkpoint of `model_type` with MiniLM's WordPiece tokenizer
+    and no sentence-transformers config (so the exporter's defaults apply).
+
+    `max_position` becomes `max_position_embeddings`, as the family's config reads it: RoBERTa-style
+    families then have `max_position - pad_token_id - 1` usable positions. `initializer_range` is
+    raised so random sentence embeddings spread out instead of collapsing to one direction.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    kwargs = {**_TINY_COMMON, "max_position_embeddings": max_position, **_TINY_OVERRIDES.get(model_type, {})}
+    config = AutoConfig.for_model(model_type, **kwargs)
+    model = AutoModel.from_config(config).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(minilm_dir() / name, out / name)
+    return out
+
+
+def make_tiny_classifier(out: Path, *, num_labels: int = 3, seed: int = 0, head_scale: float = 4.0) -> Path:
+    """A 2-layer, 64-wide BERT sequence classifier (MiniLM's tokenizer, random weights) with
+    named labels; `num_labels=1` makes a cross-encoder (a reranker). The classifier head is scaled
+    up so outputs differ clearly between inputs (random heads give nearly uniform probabilities)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    labels = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:num_labels])}
+    config = AutoConfig.for_model(
+        "bert",
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        num_labels=num_labels,
+        id2label=labels if num_labels > 1 else {0: "relevance"},
+        label2id={v: k for k, v in labels.items()} if num_labels > 1 else {"relevance": 0},
+    )
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(head_scale)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(minilm_dir() / name, out / name)
+    return out

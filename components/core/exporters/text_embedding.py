@@ -2,17 +2,21 @@
 
 Input: a checkpoint directory (config.json, safetensors or weights-only torch weights, a fast
 tokenizer; optionally sentence-transformers' modules.json, 1_Pooling/config.json and
-sentence_bert_config.json). Output graph: `input_ids`, `attention_mask` (and `token_type_ids`
-when the model takes them), all int64 `[batch, sequence]`, to `sentence_embedding` float32
-`[batch, dim]`.
+sentence_bert_config.json) of an encoder family listed in `families.FAMILIES`. Output graph:
+`input_ids`, `attention_mask` (and `token_type_ids` when the model and its graph take them), all
+int64 `[batch, sequence]`, to `sentence_embedding` float32 `[batch, dim]`.
+
+The family decides the exporter (TorchScript or dynamo), the fuser the optimize step runs, and the
+position handling that bounds the input length; sizes come from the checkpoint's config.
 
 What this does not do: sentence-transformers Dense layers or prompts (a checkpoint whose
-modules.json has modules beyond Transformer/Pooling/Normalize is refused), or models whose
-weights exceed the 2 GB protobuf limit.
+modules.json has modules beyond Transformer/Pooling/Normalize is refused), models whose weights
+exceed the 2 GB protobuf limit, or any checkpoint code (`trust_remote_code` is never set).
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import logging
@@ -29,6 +33,7 @@ from torch import nn
 
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, ModelLoadError
+from components.core.exporters.families import EncoderFamily, family_for
 from components.core.exporters.registry import register_exporter
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
@@ -39,6 +44,9 @@ log = logging.getLogger("ortpack.export")
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "sentence_embedding"
 REFERENCE_BATCH = 32
+DYNAMO_MIN_OPSET = 18  # torch.export's ONNX translation targets opset 18 and later
+# Weights a checkpoint may lack without changing the embedding: the pooler is never in the graph.
+_UNUSED_WEIGHT_PREFIXES = ("pooler.",)
 _ST_MODULES = {
     "sentence_transformers.models.Transformer": "transformer",
     "sentence_transformers.models.Pooling": "pooling",
@@ -143,16 +151,21 @@ def _read_json(path: Path) -> Any:
         raise ModelLoadError(f"unreadable {path}: {exc}") from None
 
 
-def _check_checkpoint(model_dir: Path) -> Path:
+def _check_checkpoint(model_dir: Path) -> tuple[Path, EncoderFamily]:
+    """The weights file and the encoder family, from the files alone (nothing is loaded yet)."""
     if not model_dir.exists():
         raise ModelLoadError(f"model path not found: {model_dir}")
     if not model_dir.is_dir():
         raise ModelLoadError(f"model path is not a directory: {model_dir}")
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"not a Hugging Face checkpoint: {model_dir} has no config.json")
+    config = _read_json(model_dir / "config.json")
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{model_dir / 'config.json'} is not a JSON object")
+    family = family_for(config)
     for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
         if (model_dir / name).is_file():
-            return model_dir / name
+            return model_dir / name, family
     raise ModelLoadError(f"no weights in {model_dir} (expected model.safetensors or pytorch_model.bin)")
 
 
@@ -164,21 +177,34 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_dir, use_fast=True, local_files_only=True, trust_remote_code=False
+        )
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint
         raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {_one_line(exc)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{model_dir} has no fast tokenizer (tokenizer.json); ortpack ships one")
     try:
         # transformers loads .bin files with torch.load(weights_only=True): nothing is unpickled.
-        model = AutoModel.from_pretrained(
+        model, info = AutoModel.from_pretrained(
             model_dir,
             attn_implementation="eager",
             local_files_only=True,
+            trust_remote_code=False,
             use_safetensors=weights.suffix != ".bin",
+            output_loading_info=True,
         )
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load weights from {weights}: {_one_line(exc)}") from None
+    # transformers fills weights the checkpoint lacks with random values and only logs it: a
+    # checkpoint written for other code (a custom-code model under a known model_type) would
+    # export "fine" and embed nonsense.
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(_UNUSED_WEIGHT_PREFIXES))
+    if missing:
+        raise ModelLoadError(
+            f"{weights} does not match the {model.config.model_type} architecture: {len(missing)} weights "
+            f"missing (first: {missing[0]}); is it written for custom code?"
+        )
     return tokenizer, model.eval()
 
 
@@ -187,11 +213,15 @@ def _one_line(exc: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
 
 
-def _max_length(tokenizer: Any, config: Any, pooling_config: dict[str, Any], spec: ExportSpec) -> int:
-    limit = int(getattr(config, "max_position_embeddings", 512) or 512)
+def _max_length(
+    tokenizer: Any, config: Any, pooling_config: dict[str, Any], spec: ExportSpec, family: EncoderFamily
+) -> int:
+    limit = family.max_positions(config)
     if spec.max_length is not None:
         if spec.max_length > limit:
-            raise ExportError(f"max_length {spec.max_length} exceeds the model's {limit} positions")
+            raise ExportError(
+                f"max_length {spec.max_length} exceeds the {limit} positions of this {family.model_type} model"
+            )
         return spec.max_length
     if pooling_config["max_seq_length"]:
         return min(int(pooling_config["max_seq_length"]), limit)
@@ -263,41 +293,109 @@ def reference_outputs(
     return np.stack([rows[i] for i in range(len(lengths))]).astype(np.float32)
 
 
-def _export_onnx(
-    module: SentenceEmbedding, input_names: tuple[str, ...], path: Path, opset: int, vocab_size: int
-) -> None:
+def _dummy_inputs(input_names: tuple[str, ...], vocab_size: int) -> tuple[torch.Tensor, ...]:
     dummy = {
-        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long),
+        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long) % vocab_size,
         "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.long),
         "token_type_ids": torch.zeros((2, 4), dtype=torch.long),
     }
-    dummy["input_ids"] = dummy["input_ids"] % vocab_size
+    return tuple(dummy[name] for name in input_names)
+
+
+def _export_onnx(
+    module: SentenceEmbedding, input_names: tuple[str, ...], path: Path, opset: int, vocab_size: int
+) -> None:
+    """The TorchScript exporter (`dynamo=False`): the graph ORT's BERT fusions recognise."""
     axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
     axes[OUTPUT_NAME] = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
-            tuple(dummy[name] for name in input_names),
+            _dummy_inputs(input_names, vocab_size),
             str(path),
             input_names=list(input_names),
             output_names=[OUTPUT_NAME],
             dynamic_axes=axes,
             opset_version=opset,
-            dynamo=False,  # the legacy exporter gives the graph ORT's BERT fusions recognise
+            dynamo=False,
             do_constant_folding=True,
         )
+
+
+class _NamedInputs(nn.Module):
+    """`SentenceEmbedding` with named arguments: torch.export names dynamic axes per argument."""
+
+    def __init__(self, module: SentenceEmbedding) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        inputs = (input_ids, attention_mask) if token_type_ids is None else (input_ids, attention_mask, token_type_ids)
+        return self.module(*inputs)
+
+
+def _export_onnx_dynamo(
+    module: SentenceEmbedding, input_names: tuple[str, ...], path: Path, opset: int, vocab_size: int, max_length: int
+) -> None:
+    """The dynamo exporter (`torch.export`, then onnxscript's graph optimizer), for the families
+    whose attention the onnxscript rewriter fuses. Nodes of the pooling block are renamed
+    `/pooling/...` as the TorchScript exporter names them, so fp16 keeps them in fp32 either way."""
+    import onnx
+
+    batch = torch.export.Dim("batch")
+    sequence = torch.export.Dim("sequence", min=2, max=max(max_length, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            _NamedInputs(module),
+            _dummy_inputs(input_names, vocab_size),
+            input_names=list(input_names),
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes={name: {0: batch, 1: sequence} for name in input_names},
+            opset_version=opset,
+            dynamo=True,
+            optimize=True,
+            verbose=False,
+        )
+    assert program is not None
+    model = program.model_proto
+    for node in model.graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
+        if "module.pooling" in ast.literal_eval(scopes):  # e.g. ['', 'module', 'module.pooling', 'div']
+            node.name = f"/pooling/{node.name}"
+    for value in model.graph.input:
+        for axis, dim in zip(("batch", "sequence"), value.type.tensor_type.shape.dim, strict=True):
+            dim.dim_param = axis
+    onnx.save(model, str(path))
 
 
 @torch.inference_mode()
 def _pin_output_dim(graph: Any, module: SentenceEmbedding, input_names: tuple[str, ...]) -> int:
     """The legacy exporter names every output axis; the embedding width is a fixed number."""
-    probe = [torch.ones((1, 2), dtype=torch.long) for _ in input_names]
+    probe = [(torch.zeros if n == "token_type_ids" else torch.ones)((1, 2), dtype=torch.long) for n in input_names]
     dim = int(module(*probe).shape[1])
     output_dims = graph.graph.output[0].type.tensor_type.shape.dim
     output_dims[0].dim_param = "batch"
     output_dims[1].dim_value = dim
     return dim
+
+
+def _input_names(tokenizer: Any, encoder: Any, family: EncoderFamily) -> tuple[str, ...]:
+    """What the graph should take: what the tokenizer produces and the model's forward accepts,
+    token types only when the family and config have them."""
+    accepted = inspect.signature(encoder.forward).parameters
+    names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
+    if not family.takes_token_type_ids(encoder.config):
+        names = tuple(n for n in names if n != "token_type_ids")
+    if names[:2] != ("input_ids", "attention_mask"):
+        raise ExportError(
+            f"{family.model_type} model with tokenizer inputs {list(tokenizer.model_input_names)} takes {names}; "
+            "a text-embedding model needs input_ids and attention_mask"
+        )
+    return names
 
 
 @register_exporter("text-embedding")
@@ -309,30 +407,44 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
     from serving.bundle import sha256_file
 
     model_dir = Path(spec.source)
-    weights = _check_checkpoint(model_dir)
+    weights, family = _check_checkpoint(model_dir)
     pooling_config = read_pooling_config(model_dir)
     t0 = time.perf_counter()
     tokenizer, encoder = _load(model_dir, weights)
     config = encoder.config
-    accepted = inspect.signature(encoder.forward).parameters
-    input_names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
-    if input_names[:2] != ("input_ids", "attention_mask"):
-        raise ExportError(f"model takes {input_names}; a text-embedding model needs input_ids and attention_mask")
-    max_length = _max_length(tokenizer, config, pooling_config, spec)
+    input_names = _input_names(tokenizer, encoder, family)
+    max_length = _max_length(tokenizer, config, pooling_config, spec, family)
     module = SentenceEmbedding(
         encoder, Pooling(pooling_config["mode"], pooling_config["normalize"]), input_names
     ).eval()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / "model.onnx"
-    log.info("export: tracing %s to ONNX (opset %d)", model_dir.name, spec.opset)
+    opset = max(spec.opset, DYNAMO_MIN_OPSET) if family.exporter == "dynamo" else spec.opset
+    log.info(
+        "export: %s (%s) to ONNX with the %s exporter, opset %d",
+        model_dir.name,
+        family.model_type,
+        family.exporter,
+        opset,
+    )
     try:
-        _export_onnx(module, input_names, model_path, spec.opset, int(config.vocab_size))
+        if family.exporter == "dynamo":
+            _export_onnx_dynamo(module, input_names, model_path, opset, int(config.vocab_size), max_length)
+        else:
+            _export_onnx(module, input_names, model_path, opset, int(config.vocab_size))
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
         raise ExportError(f"cannot export {model_dir} to ONNX: {_one_line(exc)}") from None
     export_seconds = time.perf_counter() - t0
     graph = onnx.load(str(model_path))
+    # An input the model ignores (DeBERTa's token types with type_vocab_size 0) is dropped by the
+    # exporter: feed exactly the inputs the graph has.
+    graph_inputs = {i.name for i in graph.graph.input}
+    input_names = tuple(n for n in input_names if n in graph_inputs)
+    if input_names[:2] != ("input_ids", "attention_mask"):
+        raise ExportError(f"the exported graph takes {sorted(graph_inputs)}; it needs input_ids and attention_mask")
+    module.input_names = input_names
     dim = _pin_output_dim(graph, module, input_names)
     onnx.save(graph, str(model_path))
 
@@ -379,9 +491,11 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
         source=source,
         inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in input_names],
         outputs=[{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", dim]}],
-        opset=spec.opset,
+        opset=opset,
         model_info={
             "model_type": str(config.model_type),
+            "exporter": family.exporter,
+            "fuser": family.fuser,
             "num_heads": int(getattr(config, "num_attention_heads", 0)),
             "hidden_size": int(getattr(config, "hidden_size", dim)),
             "vocab_size": int(config.vocab_size),

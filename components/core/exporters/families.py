@@ -1,0 +1,132 @@
+"""The text-encoder families the text-embedding exporter supports: one frozen record per Hugging
+Face `model_type`, holding everything that differs between them.
+
+A family says which torch.onnx exporter gives the better graph, which fuser then fuses it
+(`components.core.optimize`), whether the model reads `token_type_ids`, and how its positions
+work (which sets the longest input it can take). Everything else (sizes, heads, vocabulary,
+padding id) is read from each checkpoint's own config. A `model_type` missing here is refused
+before anything is loaded, with one line listing these.
+
+What this does not cover: encoder-decoders (t5, bart) and decoders, models with extra required
+inputs (layout boxes, languages, entities, characters), families whose traced graph diverges from
+PyTorch (convbert, nystromformer, yoso, longformer, big_bird past its block-sparse threshold),
+families without a fast tokenizer (xlm, flaubert) or without an attention mask (fnet), and any
+checkpoint that needs its own code: `trust_remote_code` is never set.
+
+How the choices were made (bench/results/coverage.md has the numbers): each family was exported
+with both exporters and fused with both fusers at MiniLM's size (6 layers, 384 wide) and at the
+tiny test size, keeping the pair that fuses attention and is not slower at b1x16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Exporter = Literal["torchscript", "dynamo"]
+Fuser = Literal["ort-bert", "onnxscript", "none"]
+Positions = Literal["absolute", "padding-offset", "relative", "rotary"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderFamily:
+    """One encoder architecture (a Hugging Face `model_type`) and how to export and fuse it.
+
+    - `exporter`: "torchscript" (`torch.onnx.export(dynamo=False)`, opset 17, the graph ORT's BERT
+      fusions recognise) or "dynamo" (`torch.export`, opset 18: smaller graphs that the onnxscript
+      rewriter fuses; DeBERTa's relative attention traces to 4x fewer nodes).
+    - `fuser`: "ort-bert" (`onnxruntime.transformers.optimizer`, model_type "bert": Attention,
+      EmbedLayerNormalization, SkipLayerNormalization, BiasGelu), "onnxscript"
+      (`onnxscript.rewriter.ort_fusions.optimize_for_ort`: also rotary embeddings, RMS norms and
+      MultiHeadAttention) or "none".
+    - `token_type_ids`: the model has a token-type embedding; it is an input only when the
+      tokenizer produces it, the config has more than one type and the exported graph kept it.
+    - `positions`: "absolute" (a learned table of `max_position_embeddings`), "padding-offset"
+      (RoBERTa style: position ids start at `pad_token_id + 1`, so `pad_token_id + 1` rows of the
+      table are never a real position), "relative" or "rotary" (no table is indexed past the
+      trained length, which still bounds the input).
+    """
+
+    model_type: str
+    exporter: Exporter
+    fuser: Fuser
+    token_type_ids: bool
+    positions: Positions
+
+    def max_positions(self, config: Any) -> int:
+        """The longest input, in tokens, this checkpoint's position handling allows."""
+        limit = int(getattr(config, "max_position_embeddings", 512) or 512)
+        if self.positions == "padding-offset":
+            limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+        return limit
+
+    def takes_token_type_ids(self, config: Any) -> bool:
+        """Token types are an input only when there is more than one (with one, every id is 0)."""
+        return self.token_type_ids and int(getattr(config, "type_vocab_size", 2) or 0) > 1
+
+
+def _family(
+    model_type: str, exporter: Exporter, fuser: Fuser, token_type_ids: bool, positions: Positions
+) -> tuple[str, EncoderFamily]:
+    return model_type, EncoderFamily(
+        model_type=model_type, exporter=exporter, fuser=fuser, token_type_ids=token_type_ids, positions=positions
+    )
+
+
+FAMILIES: dict[str, EncoderFamily] = dict(
+    [
+        # BERT and its descendants: ORT's BERT fusions take the whole layer, embeddings included.
+        _family("bert", "torchscript", "ort-bert", True, "absolute"),
+        _family("distilbert", "torchscript", "ort-bert", False, "absolute"),
+        _family("electra", "torchscript", "ort-bert", True, "absolute"),
+        _family("ernie", "torchscript", "ort-bert", True, "absolute"),
+        _family("rembert", "torchscript", "ort-bert", True, "absolute"),
+        # RoBERTa's: the same layers, position ids offset by the padding id (not fused into
+        # EmbedLayerNormalization, which assumes 0-based positions).
+        _family("roberta", "torchscript", "ort-bert", True, "padding-offset"),
+        _family("xlm-roberta", "torchscript", "ort-bert", True, "padding-offset"),
+        _family("camembert", "torchscript", "ort-bert", True, "padding-offset"),
+        _family("data2vec-text", "torchscript", "ort-bert", True, "padding-offset"),
+        _family("roberta-prelayernorm", "torchscript", "ort-bert", True, "padding-offset"),
+        _family("xlm-roberta-xl", "torchscript", "ort-bert", False, "padding-offset"),
+        # Relative or rotary attention: ORT's BERT fusions cannot fuse the attention; the dynamo
+        # graph with the onnxscript rewriter gives MultiHeadAttention + RotaryEmbedding where
+        # the pattern is standard, and at least skip/RMS norms and GELUs elsewhere.
+        _family("mpnet", "dynamo", "onnxscript", False, "padding-offset"),
+        _family("deberta", "dynamo", "onnxscript", True, "relative"),
+        _family("deberta-v2", "dynamo", "onnxscript", True, "relative"),
+        # Pre-LN or weight-shared layers: ORT's BERT fusions miss one attention block in six.
+        _family("albert", "dynamo", "onnxscript", True, "absolute"),
+        _family("megatron-bert", "dynamo", "onnxscript", True, "absolute"),
+        _family("modernbert", "dynamo", "onnxscript", False, "rotary"),
+        _family("eurobert", "dynamo", "onnxscript", False, "rotary"),
+        _family("gte", "dynamo", "onnxscript", True, "rotary"),
+        _family("nomic_bert", "dynamo", "onnxscript", True, "rotary"),
+        _family("roformer", "dynamo", "onnxscript", True, "rotary"),
+    ]
+)
+
+
+def supported_model_types() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def family_for(config: dict[str, Any]) -> EncoderFamily:
+    """The family of a checkpoint from its raw config.json, or `ExportError` in one line naming
+    the supported families (an encoder-decoder, a decoder, an unknown or custom-code model)."""
+    from components.core.errors import ExportError
+
+    model_type = str(config.get("model_type") or "")
+    supported = ", ".join(supported_model_types())
+    family = FAMILIES.get(model_type)
+    if family is not None:
+        return family
+    if not model_type:
+        raise ExportError(f"config.json has no model_type; text-embedding supports: {supported}")
+    if config.get("is_encoder_decoder"):
+        reason = f"{model_type} is an encoder-decoder model"
+    elif config.get("auto_map"):
+        reason = f"{model_type} needs the checkpoint's own code (auto_map), which ortpack never runs"
+    else:
+        reason = f"unsupported architecture {model_type!r}"
+    raise ExportError(f"{reason}; text-embedding exports the encoder families: {supported}")
