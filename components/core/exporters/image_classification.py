@@ -33,7 +33,6 @@ from torch import nn
 
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, InvalidSpecError, ModelLoadError
-from components.core.exporters.registry import register_exporter
 from components.core.sources import TORCHVISION_MODELS
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency
@@ -496,7 +495,6 @@ def reference_decode_size(data: bytes) -> int:
         return int(image.size[0] * image.size[1])
 
 
-@register_exporter("image-classification")
 def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a torchvision model name) into `out_dir`; return what was written."""
     import onnx

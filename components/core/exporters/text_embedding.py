@@ -34,7 +34,6 @@ from torch import nn
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, ModelLoadError
 from components.core.exporters.families import EncoderFamily, family_for
-from components.core.exporters.registry import register_exporter
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
@@ -398,7 +397,6 @@ def _input_names(tokenizer: Any, encoder: Any, family: EncoderFamily) -> tuple[s
     return names
 
 
-@register_exporter("text-embedding")
 def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
     import onnx
