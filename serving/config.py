@@ -2,7 +2,7 @@
 
 Flags win over the environment, the environment over the defaults. Nothing is read at import
 time: `parse_config(argv, environ)` does it when the server starts. Boolean options work bare
-(`--jpeg-draft`), with a value (`--warmup false`, `ORTPACK_WARMUP=false`) or negated
+(`--access-log`), with a value (`--warmup false`, `ORTPACK_WARMUP=false`) or negated
 (`--no-warmup`).
 """
 
@@ -41,7 +41,7 @@ class ServeConfig:
     truncate: bool = True
     max_image_pixels: int = 40_000_000
     max_batch_pixels: int = 4_000_000
-    jpeg_draft: bool = False
+    decode: str = "auto"  # image bundles: auto (the bundle's validated default), exact or reduced
     buckets: tuple[int, ...] = ()  # default: serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
     workers: int = 0  # model threads running ORT at once; default: the cores available
     intra_op_threads: int = 1
@@ -91,6 +91,10 @@ class ServeConfig:
             (self.shutdown_grace_s >= 0, f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}"),
             (0 <= self.metrics_port <= 65535, f"--metrics-port must be in 0..65535, got {self.metrics_port}"),
             (self.metrics_port != self.port, f"--metrics-port must differ from --port {self.port}"),
+            (
+                self.decode in ("auto", "exact", "reduced"),
+                f"--decode must be auto, exact or reduced, got {self.decode!r}",
+            ),
             (self.log_format in ("text", "json"), f"--log-format must be text or json, got {self.log_format!r}"),
             (self.log_level in ("debug", "info", "warning", "error"), f"unknown --log-level {self.log_level!r}"),
         ]
@@ -147,8 +151,9 @@ _HELP = {
     "truncate": "truncate texts longer than --max-tokens (true) or answer 413 (false)",
     "max_image_pixels": "image bundles: largest image in pixels (checked from the header before decoding; 413)",
     "max_batch_pixels": "image bundles: most pixels in one model call (a batch always holds one image)",
-    "jpeg_draft": "image bundles: decode JPEGs at a reduced DCT scale (no smaller than the resize size); "
-    "much faster on large photos, but pixels differ from the validated full decode (see README)",
+    "decode": "image bundles: how JPEGs are decoded. auto: the bundle's validated default; exact: the full "
+    "decode the reference used; reduced: the smallest DCT scale the parity gate validated (refused at start when "
+    "the gate did not validate it)",
     "buckets": "comma-separated padded-length ceilings",
     "workers": "model calls running at once",
     "intra_op_threads": "ONNX Runtime threads per model call",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import torch
 from components.core.artifacts import ExportResult, ParityReport
 from components.core.validation_data import ImageSpec, render_image
 from serving.bundle import Manifest, verify_bundle
-from tests.servers import RunningServer, running_server
+from tests.servers import RunningServer, free_port, running_server
 
 
 @pytest.fixture(scope="session")
@@ -307,6 +309,24 @@ def test_decode_mode_needs_the_gates_evidence(image_bundle: Path) -> None:
             choose_decoder(manifest, bad, "reduced", 10**7)
     with pytest.raises(ValueError, match="unknown decode mode"):
         choose_decoder(manifest, variant, "draft", 10**7)
+
+
+def test_server_refuses_an_unvalidated_decode_at_start(image_bundle: Path) -> None:
+    """`ortpack-serve --decode reduced` on a bundle whose gate chose exact decoding exits 2 with
+    one line before binding; an unknown mode is a usage error."""
+    for args, fragment in (
+        (("--decode", "reduced"), "no validated reduced decoding"),
+        (("--decode", "draft"), "--decode must be auto, exact or reduced"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "serving", "--bundle", str(image_bundle), "--port", str(free_port()), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, result.stderr
+        assert fragment in lines[-1] and "Traceback" not in result.stderr, result.stderr
 
 
 def test_perturbed_image_graph_misses(image_export: Path, tmp_path: Path) -> None:

@@ -182,8 +182,9 @@ def test_help_shows_real_defaults_and_version() -> None:
         "--max-queue-size MAX_QUEUE_SIZE most items waiting",
         "[ORTPACK_MAX_QUEUE_SIZE; default 2048]",
         "[ORTPACK_MAX_TOKENS; default the bundle's max length]",
-        "--jpeg-draft [BOOL]",
-        "bare --jpeg-draft means true, --no-jpeg-draft false",
+        "--access-log [BOOL]",
+        "bare --access-log means true, --no-access-log false",
+        "--decode DECODE image bundles: how JPEGs are decoded",
         "[ORTPACK_SHUTDOWN_GRACE_S; default 0.0]",
         "[ORTPACK_API_KEY_FILE; default none]",
     ):

@@ -31,11 +31,8 @@ log = logging.getLogger("ortpack.serve")
 
 def requested_decode(config: Any) -> str:
     """The decode mode the server was asked for: `--decode auto|exact|reduced` (auto: the bundle's
-    validated default), or, from a configuration without that option, `--jpeg-draft` (reduced)."""
-    decode = getattr(config, "decode", None)
-    if decode is None:
-        return "reduced" if getattr(config, "jpeg_draft", False) else "auto"
-    return str(decode)
+    validated default)."""
+    return str(config.decode)
 
 
 def choose_decoder(manifest: Any, variant: Any, requested: str, max_pixels: int) -> tuple[ImageDecoder, str]:
