@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install run test unit lint typecheck format bench clean golden serve-lock bench-serve bench-image serve images
+.PHONY: install run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image serve images
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/model_latency.py
+
+# The encoder-family coverage table (bench/results/coverage.md, shown in the README).
+coverage: $(STAMP)
+	$(PY) bench/coverage.py
 
 # The serving benchmark needs wrk (Debian package) and a bundle from `make run`.
 bench-serve: $(STAMP)

@@ -40,6 +40,9 @@ def test_full_local_run(tiny_bert: Path, tmp_path: Path) -> None:
     assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]
     report = (bundle / "report.html").read_text()
     assert report.count("data:image/png;base64,") == 4 and "<script" not in report and "http" not in report
+    # what fused, per variant, in the manifest and the report
+    assert all(v.optimize.fuser == "ort-bert" and v.optimize.fusions.get("Attention") for v in manifest.variants)
+    assert "<td>ort-bert</td>" in report and "Attention " in report
     # the summary table and progress per step
     assert "cpu-int8  pass" in result.stdout and "report: dist/tiny/report.html" in result.stdout
     assert "Executing task 'validate-variant'" in result.stderr

@@ -429,12 +429,16 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
             "opset",
             "offline level",
             "nodes before -> after",
+            "fuser",
             "fusions",
         ]
     ]
     for rec in records:
         b = rec.built
-        fusions = ", ".join(f"{k} {n}" for k, n in sorted(b.metrics.get("fusions", {}).items())) or "-"
+        fusions = ", ".join(f"{k} {n}" for k, n in sorted(b.metrics.get("fusions", {}).items()))
+        fuser = str(b.metrics.get("fuser", "none"))
+        if not fusions:  # shipped on its gate, but say so: nothing was fused
+            fusions = "not fused" if fuser == "none" else f"not fused ({fuser} found no pattern)"
         facts.append(
             [
                 b.variant_id,
@@ -444,6 +448,7 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
                 b.opset,
                 b.offline_optimization_level,
                 f"{b.metrics['nodes_before']} -> {b.metrics['nodes_after']}",
+                fuser,
                 fusions,
             ]
         )
