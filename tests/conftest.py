@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,20 @@ def tiny_bundle(tiny_export: Path, tiny_variants: dict[str, Path], tmp_path_fact
     out = tmp_path_factory.mktemp("dist") / "tiny-bert"
     package_dirs(tiny_export, list(tiny_variants.values()), out)
     return out
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1, one per test module (its buckets do not leak between modules)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
 
 
 @pytest.fixture(autouse=True)

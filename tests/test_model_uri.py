@@ -108,19 +108,6 @@ def test_credentials_from_the_mounted_secret(tmp_path: Path, monkeypatch: pytest
 # --- s3 / minio ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     import boto3

@@ -284,19 +284,6 @@ def test_http_closed_port(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 # --- s3 -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A boto3 client for moto's server; the same AWS_* environment is what fetch_bundle sees."""

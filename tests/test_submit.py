@@ -260,19 +260,6 @@ def test_params_file(fake_kfp: str, tmp_path: Path) -> None:
     assert worse.returncode == 2 and "min_cosine must be in [-1, 1]" in worse.stderr
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 def test_wait_follows_the_run_and_prints_the_bundle_uri(fake_kfp: str, moto_endpoint: str) -> None:
     import boto3
 

@@ -30,7 +30,8 @@ from torch import nn
 
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, ModelLoadError, one_line
-from components.core.exporters.text_embedding import save_tokenizer_json
+from components.core.exporters.families import FAMILIES
+from components.core.exporters.text_embedding import save_tokenizer_json, tokenize_reference
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
@@ -132,56 +133,15 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
 
 
 def _max_length(tokenizer: Any, config: Any, spec: ExportSpec) -> int:
-    # RoBERTa-family position ids start after the padding index: fewer usable positions
-    offset = (
-        int(getattr(config, "pad_token_id", 0) or 0) + 1
-        if config.model_type in ("roberta", "xlm-roberta", "camembert")
-        else 0
-    )
-    limit = int(getattr(config, "max_position_embeddings", 512) or 512) - offset
+    # the encoder family's position handling (RoBERTa's ids start after the padding index);
+    # an architecture outside the table: a plain table of max_position_embeddings
+    family = FAMILIES.get(str(config.model_type))
+    limit = family.max_positions(config) if family else int(getattr(config, "max_position_embeddings", 512) or 512)
     if spec.max_length is not None:
         if spec.max_length > limit:
             raise ExportError(f"max_length {spec.max_length} exceeds the model's {limit} positions")
         return spec.max_length
     return min(int(getattr(tokenizer, "model_max_length", limit) or limit), limit)
-
-
-def tokenize(
-    tokenizer_file: Path,
-    hf_tokenizer: Any,
-    first: list[str],
-    second: list[str] | None,
-    max_length: int,
-    names: tuple[str, ...],
-) -> dict[str, np.ndarray]:
-    """Token arrays (padded to the longest) of texts or pairs with the shipped tokenizer.json,
-    checked against the checkpoint's own tokenizer."""
-    from tokenizers import Tokenizer
-
-    shipped = Tokenizer.from_file(str(tokenizer_file))
-    shipped.enable_truncation(max_length)
-    inputs = list(zip(first, second, strict=True)) if second is not None else first
-    encodings = shipped.encode_batch(inputs)
-    expected = hf_tokenizer(first, second, truncation=True, max_length=max_length)["input_ids"]
-    mismatched = [i for i, (enc, ids) in enumerate(zip(encodings, expected, strict=True)) if enc.ids != list(ids)]
-    if mismatched:
-        raise ExportError(
-            f"tokenizer.json disagrees with the checkpoint tokenizer on {len(mismatched)} of {len(first)} inputs"
-        )
-    lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
-    width = int(lengths.max())
-    pad = hf_tokenizer.pad_token_id or 0
-    arrays = {
-        "input_ids": np.full((len(first), width), pad, dtype=np.int64),
-        "attention_mask": np.zeros((len(first), width), dtype=np.int64),
-        "token_type_ids": np.zeros((len(first), width), dtype=np.int64),
-    }
-    for i, enc in enumerate(encodings):
-        n = len(enc.ids)
-        arrays["input_ids"][i, :n] = enc.ids
-        arrays["attention_mask"][i, :n] = 1
-        arrays["token_type_ids"][i, :n] = enc.type_ids
-    return {**{name: arrays[name] for name in names}, "lengths": lengths}
 
 
 @torch.inference_mode()
@@ -266,11 +226,11 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     arrays: dict[str, Any] = {"task": np.array("text-classification"), "input_names": np.array(names)}
     if pairs:
         queries, documents, groups = validation_pairs(texts)
-        inputs = tokenize(tokenizer_path, tokenizer, queries, documents, max_length, names)
+        inputs = tokenize_reference(tokenizer_path, tokenizer, queries, max_length, names, pairs_with=documents)
         arrays.update(texts=np.array(queries), texts_pair=np.array(documents), groups=groups)
     else:
         usable = [t for t in texts if t.strip()]
-        inputs = tokenize(tokenizer_path, tokenizer, usable, None, max_length, names)
+        inputs = tokenize_reference(tokenizer_path, tokenizer, usable, max_length, names)
         arrays.update(texts=np.array(usable))
     log.info("export: PyTorch reference outputs on %d %s", len(inputs["lengths"]), "pairs" if pairs else "texts")
     outputs = reference_outputs(module, inputs, names)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from components.core.artifacts import ExportResult
-from components.core.errors import ExportError, ModelLoadError
+from components.core.errors import ExportError, ModelLoadError, one_line
 from components.core.exporters.families import EncoderFamily, family_for
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
@@ -180,7 +180,7 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
             model_dir, use_fast=True, local_files_only=True, trust_remote_code=False
         )
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint
-        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {_one_line(exc)}") from None
+        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {one_line(exc, 300)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{model_dir} has no fast tokenizer (tokenizer.json); ortpack ships one")
     try:
@@ -194,7 +194,7 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
             output_loading_info=True,
         )
     except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load weights from {weights}: {_one_line(exc)}") from None
+        raise ModelLoadError(f"cannot load weights from {weights}: {one_line(exc, 300)}") from None
     # transformers fills weights the checkpoint lacks with random values and only logs it: a
     # checkpoint written for other code (a custom-code model under a known model_type) would
     # export "fine" and embed nonsense.
@@ -205,11 +205,6 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
             f"missing (first: {missing[0]}); is it written for custom code?"
         )
     return tokenizer, model.eval()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
 
 
 def _max_length(
@@ -240,21 +235,30 @@ def save_tokenizer_json(tokenizer: Any, path: Path) -> None:
 
 
 def tokenize_reference(
-    tokenizer_file: Path, hf_tokenizer: Any, texts: tuple[str, ...], max_length: int, input_names: tuple[str, ...]
+    tokenizer_file: Path,
+    hf_tokenizer: Any,
+    texts: tuple[str, ...] | list[str],
+    max_length: int,
+    input_names: tuple[str, ...],
+    pairs_with: list[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Tokenize `texts` with the shipped tokenizer.json exactly as the server will, and check it
-    agrees with the checkpoint's own tokenizer (a disagreement would break parity silently)."""
+    """Tokenize `texts` (or the pairs `texts[i]`, `pairs_with[i]`) with the shipped tokenizer.json
+    exactly as the server will, padded to the longest, and check it agrees with the checkpoint's
+    own tokenizer (a disagreement would break parity silently). Returns the named arrays and
+    `lengths`."""
     from tokenizers import Tokenizer
 
+    texts = list(texts)
     shipped = Tokenizer.from_file(str(tokenizer_file))
     shipped.enable_truncation(max_length)
-    encodings = shipped.encode_batch(list(texts))
-    expected = hf_tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+    inputs = list(zip(texts, pairs_with, strict=True)) if pairs_with is not None else texts
+    encodings = shipped.encode_batch(inputs)
+    expected = hf_tokenizer(texts, pairs_with, truncation=True, max_length=max_length)["input_ids"]
     mismatched = [i for i, (enc, ids) in enumerate(zip(encodings, expected, strict=True)) if enc.ids != list(ids)]
     if mismatched:
         raise ExportError(
             f"tokenizer.json disagrees with the checkpoint tokenizer on {len(mismatched)} of "
-            f"{len(texts)} validation sentences (first: {texts[mismatched[0]]!r})"
+            f"{len(texts)} validation inputs (first: {texts[mismatched[0]]!r})"
         )
     lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
     width = int(lengths.max())
@@ -269,9 +273,7 @@ def tokenize_reference(
         arrays["input_ids"][i, :n] = enc.ids
         arrays["attention_mask"][i, :n] = 1
         arrays["token_type_ids"][i, :n] = enc.type_ids
-    out = {name: arrays[name] for name in input_names}
-    out["lengths"] = lengths
-    return out
+    return {**{name: arrays[name] for name in input_names}, "lengths": lengths}
 
 
 @torch.inference_mode()
@@ -433,7 +435,7 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
             _export_onnx(module, input_names, model_path, opset, int(config.vocab_size))
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
-        raise ExportError(f"cannot export {model_dir} to ONNX: {_one_line(exc)}") from None
+        raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
     export_seconds = time.perf_counter() - t0
     graph = onnx.load(str(model_path))
     # An input the model ignores (DeBERTa's token types with type_vocab_size 0) is dropped by the
