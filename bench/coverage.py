@@ -2,6 +2,12 @@
 plus the real all-MiniLM-L6-v2, through the pipeline's own steps.
 
     python bench/coverage.py [--families bert,roberta,...] [--no-minilm] [--budget 1.0]
+    python bench/coverage.py --survey [--families ...]
+
+`--survey` is how each family's exporter and fuser were chosen: every family (by default those
+whose record in families.py is not the BERT pair) at MiniLM's size (6 layers, 384 wide, random
+weights) with each pair, TorchScript + ORT's BERT fusions, TorchScript + the onnxscript fusions and
+dynamo + the onnxscript fusions, written to bench/results/family_survey.{json,md}.
 
 Each family: a 2-layer, 64-wide checkpoint (`tests.models.make_tiny_encoder`: MiniLM's tokenizer,
 no sentence-transformers config, so the exporter's defaults apply) -> export -> cpu fp32 and
@@ -59,6 +65,7 @@ def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[
         nodes_raw=int(export.metrics["nodes"]),
         reference_spread=export.metrics.get("reference_spread"),
         torch_p50_ms=export.torch_latency[SHAPE]["p50_ms"],
+        torch_p50_ms_by_shape={shape: stats["p50_ms"] for shape, stats in export.torch_latency.items()},
     )
     variants: dict[str, Any] = {}
     for precision in ("fp32", "int8"):
@@ -83,11 +90,43 @@ def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[
             bench = benchmark_variant(vdir, work / "export", budget_s=budget)
             record["p50_ms"] = bench.shapes[SHAPE]["p50_ms"]
             record["speedup_vs_torch"] = bench.speedup_vs_torch.get(SHAPE)
+            record["p50_ms_by_shape"] = {shape: stats["p50_ms"] for shape, stats in bench.shapes.items()}
         variants[precision] = record
     row["variants"] = variants
     row["builds"] = "error" not in variants.get("fp32", {"error": ""}) and bool(variants["fp32"].get("passed"))
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+SURVEY_PAIRS = (("torchscript", "ort-bert"), ("torchscript", "onnxscript"), ("dynamo", "onnxscript"))
+
+
+def survey(families: list[str], work_root: Path, budget: float) -> dict[str, dict[str, Any]]:
+    """Each family at MiniLM's size with every exporter + fuser pair (the families table patched
+    for the run, as the exporter and optimize step read it); one row per family and pair."""
+    import dataclasses
+
+    from components.core.exporters import families as table
+    from tests.models import make_tiny_encoder
+
+    rows: dict[str, dict[str, Any]] = {}
+    for model_type in families:
+        chosen = table.FAMILIES[model_type]
+        checkpoint = make_tiny_encoder(
+            model_type, work_root / model_type / "checkpoint", max_position=512, size="minilm"
+        )
+        for exporter, fuser in SURVEY_PAIRS:
+            name = f"{model_type} {exporter} + {fuser}"
+            log.info("%s: building", name)
+            table.FAMILIES[model_type] = dataclasses.replace(chosen, exporter=exporter, fuser=fuser)
+            try:
+                work = work_root / model_type / f"{exporter}-{fuser}"
+                rows[name] = build_family(checkpoint, f"survey-{model_type.replace('_', '-')}", work, budget)
+                rows[name]["chosen"] = (chosen.exporter, chosen.fuser) == (exporter, fuser)
+                shutil.rmtree(work, ignore_errors=True)
+            finally:
+                table.FAMILIES[model_type] = chosen
+    return rows
 
 
 def refusal(model_type: str, work: Path) -> dict[str, Any]:
@@ -151,6 +190,40 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def survey_markdown(rows: dict[str, dict[str, Any]]) -> str:
+    """One row per family and pair: what fused, the gates, fp32 and int8 p50 at both shapes, and
+    whether families.py now uses the pair (the survey is how it was chosen)."""
+    from components.core.exporters.families import FAMILIES
+
+    lines = [
+        "| family: exporter + fuser | used now | nodes raw → fp32 | fusions (fp32) | fp32 / int8 gate "
+        "| torch b1×16 / b16×128 ms | fp32 b1×16 / b16×128 ms | int8 b1×16 / b16×128 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def by_batch(shapes: dict[str, float]) -> str:  # b1_s16 before b16_s128
+        return " / ".join(f"{shapes[k]:.2f}" for k in sorted(shapes, key=lambda k: int(k.split("_")[0][1:])))
+
+    def p50(v: dict[str, Any]) -> str:
+        return by_batch(v["p50_ms_by_shape"]) if v.get("p50_ms_by_shape") else "-"
+
+    for name, row in rows.items():
+        if "variants" not in row:
+            lines.append(f"| {name} | | **export failed**: {row.get('error', '')[:100]} | | | | | |")
+            continue
+        fp32 = row["variants"].get("fp32", {"error": ""})
+        int8 = row["variants"].get("int8", {"error": ""})
+        fusions = ", ".join(f"{op} {n}" for op, n in sorted(fp32.get("fusions", {}).items())) or "none"
+        gates = " / ".join("error" if "error" in v else "pass" if v["passed"] else "miss" for v in (fp32, int8))
+        torch_ms = by_batch(row["torch_p50_ms_by_shape"])
+        model_type, pair = name.split(" ", 1)
+        family = FAMILIES[model_type]
+        chosen = "**yes**" if pair == f"{family.exporter} + {family.fuser}" else ""
+        nodes = f"{row['nodes_raw']} → {fp32.get('nodes_after', '?')}"
+        lines.append(f"| {name} | {chosen} | {nodes} | {fusions} | {gates} | {torch_ms} | {p50(fp32)} | {p50(int8)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -160,8 +233,14 @@ def main() -> int:
     parser.add_argument("--families", default=",".join(supported_model_types()), help="model_types to build")
     parser.add_argument("--no-minilm", action="store_true", help="skip the real all-MiniLM-L6-v2 row")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per benchmark shape")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "coverage"), help="output path stem")
+    parser.add_argument("--out", default="", help="output path stem (default bench/results/coverage or family_survey)")
+    parser.add_argument("--survey", action="store_true", help="every exporter + fuser pair at MiniLM's size")
     args = parser.parse_args()
+    if args.survey and "--families" not in sys.argv:
+        from components.core.exporters.families import FAMILIES
+
+        args.families = ",".join(n for n, f in sorted(FAMILIES.items()) if (f.exporter, f.fuser) != SURVEY_PAIRS[0])
+    args.out = args.out or str(ROOT / "bench" / "results" / ("family_survey" if args.survey else "coverage"))
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("ortpack.export", "ortpack.optimize", "ortpack.parity", "ortpack.benchmark", "onnxruntime"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -171,18 +250,20 @@ def main() -> int:
     rows: dict[str, dict[str, Any]] = {}
     work_root = Path(tempfile.mkdtemp(prefix="ortpack-coverage-"))
     try:
-        for model_type in [f for f in args.families.split(",") if f]:
+        if args.survey:
+            rows = survey([f for f in args.families.split(",") if f], work_root, args.budget)
+        for model_type in [f for f in args.families.split(",") if f and not args.survey]:
             log.info("%s: building", model_type)
             work = work_root / model_type
             checkpoint = make_tiny_encoder(model_type, work / "checkpoint")
             rows[model_type] = build_family(checkpoint, f"tiny-{model_type.replace('_', '-')}", work, args.budget)
             log.info("%s: %s", model_type, "builds" if rows[model_type]["builds"] else rows[model_type])
-        if not args.no_minilm:
+        if not args.no_minilm and not args.survey:
             log.info("all-MiniLM-L6-v2: building")
             rows["all-MiniLM-L6-v2 (real)"] = build_family(
                 minilm_dir(), "all-MiniLM-L6-v2", work_root / "minilm", args.budget
             )
-        for model_type in REFUSED:
+        for model_type in REFUSED if not args.survey else ():
             rows[model_type] = refusal(model_type, work_root / "refused")
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
@@ -207,9 +288,9 @@ def main() -> int:
         "shape": SHAPE,
     }
     out.with_suffix(".json").write_text(json.dumps({**meta, "families": rows}, indent=2) + "\n")
-    table = markdown(rows)
+    table = survey_markdown(rows) if args.survey else markdown(rows)
     out.with_suffix(".md").write_text(
-        f"Generated by `python bench/coverage.py` on {meta['created_at']} "
+        f"Generated by `python bench/coverage.py{' --survey' if args.survey else ''}` on {meta['created_at']} "
         f"({meta['machine']['cpu']}; torch {torch.__version__}, transformers {transformers.__version__}, "
         f"onnxruntime {onnxruntime.__version__}).\n\n{table}"
     )

@@ -187,9 +187,26 @@ _TINY_OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def make_tiny_encoder(model_type: str, out: Path, *, seed: int = 0, max_position: int = 128) -> Path:
+# MiniLM's size (6 layers, 384 wide, 12 heads), for measuring speed per family (bench/coverage.py
+# --survey): the common keys, then each family's own names for them.
+_MINILM_SIZE: dict[str, Any] = dict(
+    hidden_size=384, num_attention_heads=12, num_hidden_layers=6, intermediate_size=1536, initializer_range=0.02
+)
+_MINILM_SIZE_OVERRIDES: dict[str, dict[str, Any]] = {
+    "distilbert": dict(dim=384, n_heads=12, n_layers=6, hidden_dim=1536),
+    "eurobert": dict(head_dim=32, num_key_value_heads=12),
+    "nomic_bert": dict(head_dim=32),
+    "modernbert": dict(local_attention=128),
+    "rembert": dict(output_embedding_size=384),
+}
+
+
+def make_tiny_encoder(
+    model_type: str, out: Path, *, seed: int = 0, max_position: int = 128, size: str = "tiny"
+) -> Path:
     """A 2-layer, 64-wide random-weight checkpoint of `model_type` with MiniLM's WordPiece tokenizer
-    and no sentence-transformers config (so the exporter's defaults apply).
+    and no sentence-transformers config (so the exporter's defaults apply); `size="minilm"` makes
+    it 6 layers, 384 wide instead (still random weights), to compare speed at a realistic size.
 
     `max_position` becomes `max_position_embeddings`, as the family's config reads it: RoBERTa-style
     families then have `max_position - pad_token_id - 1` usable positions. `initializer_range` is
@@ -201,6 +218,10 @@ def make_tiny_encoder(model_type: str, out: Path, *, seed: int = 0, max_position
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     kwargs = {**_TINY_COMMON, "max_position_embeddings": max_position, **_TINY_OVERRIDES.get(model_type, {})}
+    if size == "minilm":
+        kwargs.update(_MINILM_SIZE, **_MINILM_SIZE_OVERRIDES.get(model_type, {}))
+    elif size != "tiny":
+        raise ValueError(f"size must be tiny or minilm, got {size!r}")
     config = AutoConfig.for_model(model_type, **kwargs)
     model = AutoModel.from_config(config).eval()
     model.save_pretrained(out, safe_serialization=True)
