@@ -22,8 +22,6 @@ import collections
 import io
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,17 +32,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
-    cpu_seconds,
     free_port,
     print_run,
-    rss_mb,
+    run_wrk_script,
     started_server,
     table,
     write_results,
@@ -104,47 +99,6 @@ def ensure_bundle(bundle: Path, weights: Path) -> None:
         )
 
 
-def run_load(
-    url: str, path: str, lua: Path, env: dict[str, str], connections: int, seconds: float, proc: psutil.Process
-) -> dict[str, Any]:
-    """One closed-loop wrk run: rates, latency, errors, peak RSS and CPU per request of `proc`."""
-    peak = [rss_mb(proc)]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.25):
-            peak[0] = max(peak[0], rss_mb(proc))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    cpu0 = cpu_seconds(proc)
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s"]
-    out = subprocess.run(
-        [*command, "-s", str(lua), f"{url}{path}"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        check=True,
-    ).stdout
-    cpu1 = cpu_seconds(proc)
-    stop.set()
-    sampler.join()
-    found = re.search(r"WRK_JSON (\{.*\})", out)
-    if not found:
-        raise SystemExit(f"wrk printed no summary:\n{out}")
-    stats = json.loads(found.group(1))
-    requests = max(1, stats["requests"])
-    return {
-        "requests_per_s": stats["requests"] / (stats["duration_us"] / 1e6),
-        "p50_ms": stats["p50_us"] / 1000,
-        "p99_ms": stats["p99_us"] / 1000,
-        "errors": sum(stats[k] for k in stats if k.startswith("errors_")),
-        "peak_rss_mb": peak[0],
-        "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / requests,
-        "requests": stats["requests"],
-    }
-
-
 def bench(
     name: str, command: list[str], env: dict[str, str], port: int, files: dict[str, Path], seconds: float, raw: bool
 ) -> dict[str, Any]:
@@ -157,32 +111,16 @@ def bench(
             ("raw bytes", "/v1/classify", FILE_LUA, {"WRK_FILE": str(files["jpeg"]), "WRK_TYPE": "image/jpeg"})
         )
     with started_server(name, command, env, port) as (url, handle, cold):
-        run_load(url, *workloads[0][1:], 8, 3, handle)
+        run_wrk_script(url, *workloads[0][1:], 8, 3, handle)
         runs = []
         for workload, path, lua, lua_env in workloads:
             for connections in CONCURRENCY:
                 time.sleep(DRAIN_S)  # the previous run's accepted requests finish first
-                result = run_load(url, path, lua, lua_env, connections, seconds, handle)
+                result = run_wrk_script(url, path, lua, lua_env, connections, seconds, handle)
                 result.update(workload=workload, concurrency=connections)
                 runs.append(result)
                 print_run(f"{workload} c={connections}", result)
         return {"server": name, "cold_start_s": cold, "runs": runs}
-
-
-def exact_flag(bundle: Path, tmp: Path) -> tuple[list[str], Path]:
-    """How to ask the server for exact decoding: `--decode exact` where the server has it; else
-    (an older configuration, where only `--jpeg-draft` exists) a copy of the bundle whose manifest
-    says decode exact, which is what a bundle built without reduced decoding says."""
-    from serving.config import build_parser
-
-    if any("--decode" in action.option_strings for action in build_parser()._actions):
-        return ["--decode", "exact"], bundle
-    copy = tmp / "exact-bundle"
-    shutil.copytree(bundle, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["preprocessing"].update(decode="exact", decode_min_side=0)
-    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return [], copy
 
 
 def per_call_ms(fn: Callable[[], Any], n: int) -> float:
@@ -324,10 +262,9 @@ def main() -> int:
                 raw=False,
             )
         )
-        flag, exact_bundle = exact_flag(bundle, Path(tmp))
-        for name, served, extra in (("ortpack", bundle, []), ("ortpack --decode exact", exact_bundle, flag)):
+        for name, extra in (("ortpack", []), ("ortpack --decode exact", ["--decode", "exact"])):
             port = free_port()
-            command = [sys.executable, "-m", "serving", "--bundle", str(served), "--port", str(port)]
+            command = [sys.executable, "-m", "serving", "--bundle", str(bundle), "--port", str(port)]
             command += ["--log-level", "warning", *extra]
             results["servers"].append(bench(name, command, {}, port, files, args.seconds, raw=True))
     report(results, args.seconds)

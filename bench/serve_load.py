@@ -120,6 +120,15 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) ->
 def run_wrk(
     url: str, bodies: Path, connections: int, seconds: float, proc: psutil.Process, path: str = "/v1/embeddings"
 ) -> dict[str, Any]:
+    """One closed-loop wrk run posting the request bodies in `bodies` (bench/wrk/post_bodies.lua)."""
+    return run_wrk_script(url, path, LUA, {"WRK_BODIES": str(bodies)}, connections, seconds, proc)
+
+
+def run_wrk_script(
+    url: str, path: str, lua: Path, env: dict[str, str], connections: int, seconds: float, proc: psutil.Process
+) -> dict[str, Any]:
+    """One closed-loop wrk run of a Lua script that prints a `WRK_JSON {...}` summary: rates,
+    latency, errors, peak RSS and CPU per request of the server process `proc`."""
     peak = [rss_mb(proc)]
     stop = threading.Event()
 
@@ -130,21 +139,12 @@ def run_wrk(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     cpu0 = cpu_seconds(proc)
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s"]
     out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{connections}",
-            f"-d{max(1, round(seconds))}s",
-            "--timeout",
-            "30s",
-            "-s",
-            str(LUA),
-            f"{url}{path}",
-        ],
+        [*command, "-s", str(lua), f"{url}{path}"],
         capture_output=True,
         text=True,
-        env={**os.environ, "WRK_BODIES": str(bodies)},
+        env={**os.environ, **env},
         check=True,
     ).stdout
     cpu1 = cpu_seconds(proc)

@@ -263,6 +263,10 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         opset=spec.opset,
         model_info={
             "model_type": str(config.model_type),
+            "exporter": "torchscript",
+            # the family's fuser (ORT's BERT fusions or onnxscript's both fuse a TorchScript graph);
+            # an architecture outside the families table is not fused
+            "fuser": family.fuser if (family := FAMILIES.get(str(config.model_type))) else "none",
             "num_heads": int(getattr(config, "num_attention_heads", 0)),
             "hidden_size": int(getattr(config, "hidden_size", 0)),
             "vocab_size": int(config.vocab_size),
