@@ -70,20 +70,9 @@ def op_histogram(model: Any) -> dict[str, int]:
     return {op: counts[op] for op in _COUNTED_OPS if counts.get(op)}
 
 
-def _fuser_for(export: ExportResult) -> str:
-    """The fuser of the export's encoder family: recorded in model_info by the exporter, else
-    looked up in the families table by model_type (an exporter that does not record it)."""
-    recorded = export.model_info.get("fuser")
-    if recorded is not None:
-        return str(recorded)
-    from components.core.exporters.families import FAMILIES
-
-    family = FAMILIES.get(str(export.model_info.get("model_type", "")))
-    return family.fuser if family is not None else "none"
-
-
 def _fuse(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str, int], str]:
-    """Apply the transformer fusions of the model's family; return (OnnxModel, fusions, fuser).
+    """Apply the transformer fusions the exporter recorded for the model's encoder family
+    (`model_info["fuser"]`: "ort-bert", "onnxscript" or "none"); return (OnnxModel, fusions, fuser).
 
     `fusions` counts the fused operators in the result: onnxruntime.transformers' own statistics
     for "ort-bert", the contrib (com.microsoft) operators the onnxscript rewriter produced for
@@ -91,7 +80,7 @@ def _fuse(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    fuser = _fuser_for(export)
+    fuser = str(export.model_info.get("fuser", "none"))
     if fuser not in FUSION_MODEL_TYPES:
         return OnnxModel(onnx.load(str(raw))), {}, "none"
     ort_model_type = FUSION_MODEL_TYPES[fuser]

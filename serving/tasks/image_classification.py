@@ -29,12 +29,6 @@ from serving.tasks import LoadContext, Prepare, ServingTask
 log = logging.getLogger("ortpack.serve")
 
 
-def requested_decode(config: Any) -> str:
-    """The decode mode the server was asked for: `--decode auto|exact|reduced` (auto: the bundle's
-    validated default)."""
-    return str(config.decode)
-
-
 def choose_decoder(manifest: Any, variant: Any, requested: str, max_pixels: int) -> tuple[ImageDecoder, str]:
     """The decoder to serve with and why. "exact" always (the reference's own decode); "reduced"
     only when the variant's parity record validates the bundle's reduced decode (else one-line
@@ -65,9 +59,7 @@ class ImageClassificationRuntime:
         if manifest.preprocessing is None:
             raise ValueError("an image-classification bundle needs preprocessing settings")
         try:
-            self.decoder, self.decode = choose_decoder(
-                manifest, ctx.variant, requested_decode(config), config.max_image_pixels
-            )
+            self.decoder, self.decode = choose_decoder(manifest, ctx.variant, config.decode, config.max_image_pixels)
         except RuntimeError as exc:  # Pillow (the image extra) is missing
             raise ValueError(str(exc)) from None
         # decoding runs here, off the event loop: one thread per model worker (the cores), so
