@@ -165,6 +165,8 @@ def _fmt_latency(v: dict[str, Any]) -> str:
 
 
 def markdown(rows: dict[str, dict[str, Any]]) -> str:
+    from components.core.report import format_fusions
+
     lines = [
         "| model_type | builds | exporter | nodes raw → fp32 | fuser | fusions (fp32) | fp32 gate: max diff / min cos "
         "| int8 gate: min cos / mean cos / neighbours | b1×16 torch ms | fp32 ms (vs torch) | int8 ms (vs torch) |",
@@ -179,7 +181,7 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
             continue
         fp32 = row["variants"].get("fp32", {"error": ""})
         int8 = row["variants"].get("int8", {"error": ""})
-        fusions = ", ".join(f"{op} {n}" for op, n in sorted(fp32.get("fusions", {}).items())) or "none"
+        fusions = format_fusions(fp32.get("fusions", {})) or "none"
         nodes = f"{row['nodes_raw']} → {fp32.get('nodes_after', '?')}"
         builds = "yes" if row["builds"] else "**no**"
         lines.append(
@@ -194,6 +196,7 @@ def survey_markdown(rows: dict[str, dict[str, Any]]) -> str:
     """One row per family and pair: what fused, the gates, fp32 and int8 p50 at both shapes, and
     whether families.py now uses the pair (the survey is how it was chosen)."""
     from components.core.exporters.families import FAMILIES
+    from components.core.report import format_fusions
 
     lines = [
         "| family: exporter + fuser | used now | nodes raw → fp32 | fusions (fp32) | fp32 / int8 gate "
@@ -213,7 +216,7 @@ def survey_markdown(rows: dict[str, dict[str, Any]]) -> str:
             continue
         fp32 = row["variants"].get("fp32", {"error": ""})
         int8 = row["variants"].get("int8", {"error": ""})
-        fusions = ", ".join(f"{op} {n}" for op, n in sorted(fp32.get("fusions", {}).items())) or "none"
+        fusions = format_fusions(fp32.get("fusions", {})) or "none"
         gates = " / ".join("error" if "error" in v else "pass" if v["passed"] else "miss" for v in (fp32, int8))
         torch_ms = by_batch(row["torch_p50_ms_by_shape"])
         model_type, pair = name.split(" ", 1)

@@ -61,6 +61,11 @@ def summary_rows(export: ExportResult, records: Sequence[VariantRecord]) -> list
     return rows
 
 
+def format_fusions(fusions: dict[str, int]) -> str:
+    """`Attention 6, SkipLayerNormalization 12`: fused operator counts, by name; '' when none."""
+    return ", ".join(f"{op} {n}" for op, n in sorted(fusions.items()))
+
+
 def format_table(rows: list[Row]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -435,7 +440,7 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
     ]
     for rec in records:
         b = rec.built
-        fusions = ", ".join(f"{k} {n}" for k, n in sorted(b.metrics.get("fusions", {}).items()))
+        fusions = format_fusions(b.metrics.get("fusions", {}))
         fuser = str(b.metrics.get("fuser", "none"))
         if not fusions:  # shipped on its gate, but say so: nothing was fused
             fusions = "not fused" if fuser == "none" else f"not fused ({fuser} found no pattern)"
