@@ -262,6 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.package_model import make_pipeline
 
     targets, arguments, name = _pipeline_arguments(args, local=True)
+    run_id = uuid.uuid4().hex[:12]
     if args.sign_key:
         key = Path(args.sign_key).expanduser()
         if not key.is_file():
@@ -270,22 +271,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("dist") / name)
     if out.exists() and not args.force:
         raise InvalidSpecError(f"output directory exists: {out} (use --force to replace it, or --out)")
+    runner, image = None, None
+    if args.runner == "docker":
+        from components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
+        from pipelines.local import docker_runner, stage_local_inputs
+
+        try:
+            image = check_image(args.component_image or os.environ.get(IMAGE_ENV) or COMPONENT_IMAGE)
+        except ValueError as exc:
+            raise InvalidSpecError(str(exc)) from None
+        runner = docker_runner(image, run_id)
+        arguments = stage_local_inputs(
+            arguments, ("model_uri", "weights", "labels", "sign_key"), Path(args.pipeline_root)
+        )
     log.info(
-        "running the %s pipeline locally (kfp.local) for %s %s: %s",
+        "running the %s pipeline locally (kfp.local, %s) for %s %s: %s",
         "package-model",
+        f"each step in {image}" if image else "steps as subprocesses here",
         name,
         arguments["version"],
         ", ".join(f"{t} {'/'.join(arguments[f'{t}_precisions'])}" for t in targets),
     )
-    result = run_pipeline_locally(
-        make_pipeline(targets, parallelism=1),
-        arguments,
-        pipeline_root=Path(args.pipeline_root),
-        out_dir=out,
-        force=args.force,
-        verbose=args.verbose > 0,
-        echo=lambda line: log.info("  %s", line.strip()),
-    )
+    try:
+        result = run_pipeline_locally(
+            make_pipeline(targets, parallelism=1, image=image),
+            arguments,
+            pipeline_root=Path(args.pipeline_root),
+            out_dir=out,
+            force=args.force,
+            verbose=args.verbose > 0,
+            echo=lambda line: log.info("  %s", line.strip()),
+            runner=runner,
+        )
+    finally:
+        if runner is not None:
+            from pipelines.local import remove_run_containers
+
+            remove_run_containers(run_id)
     export, records = load_run_records(result.run_dir)
     print(format_summary(export, records))
     print(f"bundle: {out} ({', '.join(r.variant_id for r in records if r.passed)}), report: {out / 'report.html'}")
@@ -539,6 +561,7 @@ def cmd_bundle_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_push(args: argparse.Namespace) -> int:
+    from components.core.errors import InvalidSpecError
     from serving.oci import push_bundle
 
     bundle = Path(args.bundle)
@@ -546,6 +569,18 @@ def cmd_bundle_push(args: argparse.Namespace) -> int:
         from serving.signing import verify_signature
 
         verify_signature(bundle, Path(args.trust_key))
+    if args.modelcar_base and not args.modelcar:
+        raise InvalidSpecError("--modelcar-base applies only with --modelcar")
+    if args.modelcar:
+        from serving.oci import push_modelcar
+
+        if not args.modelcar_base:
+            log.warning(
+                "the modelcar has no shell: KServe runs it with `sh -c ...`; give --modelcar-base (e.g. busybox)"
+            )
+        log.info("pushing %s to %s as a KServe modelcar image", bundle, args.reference)
+        print(push_modelcar(bundle, args.reference, base=args.modelcar_base))
+        return 0
     log.info("pushing %s to %s", bundle, args.reference)
     print(push_bundle(bundle, args.reference))  # verifies the bundle's checksums first
     return 0
@@ -776,6 +811,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--sign-key", metavar="KEY.pem", help="sign the bundle with this EC private key (PEM)")
+    p.add_argument(
+        "--runner",
+        choices=("subprocess", "docker"),
+        default="subprocess",
+        help="subprocess: every step in this environment (the default); docker: every step in the component "
+        "image, through the Docker-API engine DOCKER_HOST names (Docker, or podman system service)",
+    )
+    p.add_argument(
+        "--component-image",
+        metavar="REF",
+        help="with --runner docker: the image every step runs in (default: $ORTPACK_COMPONENT_IMAGE, else the "
+        "image `make images` builds)",
+    )
     _add_publish(p)
 
     p = command("compile", cmd_compile, "compile the package_model pipeline to KFP YAML (byte-identical every time)")
@@ -913,6 +961,18 @@ def _add_bundle_commands(sub: Any) -> None:
     p = action("push", cmd_bundle_push, "push a bundle to an OCI registry; print its pinned oci://...@sha256: URI")
     p.add_argument("bundle", help="bundle directory (verified before pushing)")
     p.add_argument("reference", metavar="oci://HOST[:PORT]/REPO:TAG", help="where to push")
+    p.add_argument(
+        "--modelcar",
+        action="store_true",
+        help="push a container image with the bundle under /models (KServe modelcar, storageUri: oci://...) "
+        "instead of an ortpack bundle artifact",
+    )
+    p.add_argument(
+        "--modelcar-base",
+        metavar="oci://REF",
+        help="with --modelcar: an image with a shell (busybox) whose layers go first; KServe's modelcar "
+        "sidecar runs `sh -c ...` in it",
+    )
     trust_key(p, "refuse to push")
 
     p = action("pull", cmd_bundle_pull, "pull a bundle from an OCI registry, check every digest, and verify it")

@@ -1,8 +1,14 @@
 """`ortpack run`: the package_model pipeline on this machine with `kfp.local`.
 
-Steps run as subprocesses in the current environment (`SubprocessRunner(use_venv=False)`), so
-`packages_to_install` must stay empty. kfp.local prints every step's output to stdout: we keep
-all of it in `<run>/ortpack-run.log` and show step transitions and ortpack's progress lines.
+Two runners. `subprocess` (the default): steps run as subprocesses in the current environment
+(`SubprocessRunner(use_venv=False)`), so `packages_to_install` must stay empty. `docker`: each step
+runs in the component image with `kfp.local.DockerRunner`, through any Docker-API engine
+(DOCKER_HOST: Docker, or podman's `podman system service` socket), with the command and arguments
+the compiled YAML carries. kfp.local mounts only the pipeline root into a step's container, so
+local input files are staged under it first (`stage_local_inputs`).
+
+kfp.local prints every step's output to stdout: we keep all of it in `<run>/ortpack-run.log` and
+show step transitions and ortpack's progress lines.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import builtins
 import contextlib
 import io
 import logging
+import os
 import re
 import shutil
 import time
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import InvalidSpecError, NoVariantPassedError, OrtpackError, one_line
+from components.core.errors import InvalidSpecError, NoVariantPassedError, OrtpackError, UnsupportedHereError, one_line
 
 log = logging.getLogger("ortpack.run")
 
@@ -77,6 +84,103 @@ def last_error(log_file: Path) -> str | None:
     return found
 
 
+RUNNERS = ("subprocess", "docker")
+RUN_LABEL = "dev.ortpack.run"  # on every step container of a docker run, to clean up after it
+
+
+def docker_runner(image: str, run_id: str) -> Any:
+    """A `kfp.local.DockerRunner` for the engine DOCKER_HOST names (default: Docker's socket),
+    after checking that the engine answers and has `image` (or can pull it): kfp.local would
+    otherwise fail later, with the registry's error instead of the reason.
+
+    Steps run as the calling user (they write into the pipeline root on this machine, as the
+    subprocess runner does), on the host network (a model URI on 127.0.0.1 means this machine,
+    as it does for the subprocess runner), labelled with the run for `remove_run_containers`."""
+    from kfp import local
+
+    client = _docker_client()
+    try:
+        try:
+            client.images.get(image)
+        except Exception as missing:  # noqa: BLE001 - docker.errors.ImageNotFound, or the engine's own error
+            try:
+                client.images.pull(image)
+            except Exception as exc:  # noqa: BLE001 - one line with both reasons below
+                raise UnsupportedHereError(
+                    f"image {image} is not in the container engine ({one_line(missing, 120)}) and cannot be "
+                    f"pulled ({one_line(exc, 160)}): build it with `make images`, or give --component-image"
+                ) from None
+    finally:
+        client.close()
+    return local.DockerRunner(
+        user=f"{os.getuid()}:{os.getgid()}",
+        network_mode="host",
+        environment={"HOME": "/tmp"},
+        labels={RUN_LABEL: run_id},
+    )
+
+
+def _docker_client() -> Any:
+    try:
+        import docker
+    except ImportError:
+        raise UnsupportedHereError("--runner docker needs the `docker` package (the kfp extra installs it)") from None
+    where = os.environ.get("DOCKER_HOST") or "the default socket (unix:///var/run/docker.sock)"
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException or a connection error
+        raise UnsupportedHereError(
+            f"no Docker-API engine answers at {where} ({one_line(exc, 160)}): start Docker, or `podman system "
+            "service` and set DOCKER_HOST=unix://PATH/TO/podman.sock, or use --runner subprocess"
+        ) from None
+    return client
+
+
+def remove_run_containers(run_id: str) -> None:
+    """Stop and remove the step containers of a docker run that are still there (after an
+    interrupt or a failure: kfp.local removes a container only when its step ends)."""
+    with contextlib.suppress(Exception):
+        client = _docker_client()
+        try:
+            for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+        finally:
+            client.close()
+
+
+def stage_local_inputs(arguments: dict[str, Any], keys: tuple[str, ...], pipeline_root: Path) -> dict[str, Any]:
+    """A copy of `arguments` whose local paths under `keys` point at copies under the pipeline
+    root (the only directory kfp.local mounts into a step's container, at the same path). The
+    copy is named by the source's path and modification time, so a rerun reuses it."""
+    import hashlib
+
+    staged = dict(arguments)
+    root = Path(pipeline_root).resolve() / "inputs"
+    for key in keys:
+        value = str(arguments.get(key) or "")
+        path = Path(value).expanduser()
+        if not value or "://" in value or not path.exists():
+            continue  # a URI, a bundled model name, or nothing
+        path = path.resolve()
+        if path.is_relative_to(root.parent):
+            continue
+        stamp = hashlib.sha256(f"{path}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+        target = root / stamp / path.name
+        if not target.exists():
+            scratch = root / f".{stamp}.staging"
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
+            if path.is_dir():
+                shutil.copytree(path, scratch / path.name)
+            else:
+                shutil.copy2(path, scratch / path.name)
+            scratch.rename(target.parent)
+        staged[key] = str(target)
+    return staged
+
+
 def run_pipeline_locally(
     pipeline: Callable[..., Any],
     arguments: dict[str, Any],
@@ -86,8 +190,10 @@ def run_pipeline_locally(
     force: bool = False,
     verbose: bool = False,
     echo: Callable[[str], None] = print,
+    runner: Any = None,
 ) -> LocalRun:
-    """Run `pipeline` with kfp.local and copy its bundle to `out_dir` (atomically)."""
+    """Run `pipeline` with kfp.local and copy its bundle to `out_dir` (atomically). `runner` is a
+    kfp.local runner (default: the subprocess runner in this environment)."""
     from kfp import local
 
     from serving.bundle import replace_dir, verify_bundle
@@ -95,7 +201,9 @@ def run_pipeline_locally(
     pipeline_root = Path(pipeline_root).resolve()
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = set(pipeline_root.iterdir())
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True)
+    local.init(
+        runner=runner or local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=True
+    )
     scratch_log = pipeline_root / f".ortpack-run-{time.strftime('%Y%m%d-%H%M%S')}.log"
     failure: Exception | None = None
     with open(scratch_log, "w") as fh:

@@ -17,6 +17,7 @@ exits 0. A second signal skips what is left of the grace period.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -117,6 +118,7 @@ def build(config: Any) -> Any:
 
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
+    wait_for_local_bundle(config.bundle, config.bundle_wait_s or (300.0 if os.environ.get(ASYNC_ENV) == "async" else 0))
     fetched = fetch(config.bundle, cache)
     try:
         signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded
@@ -133,6 +135,22 @@ def build(config: Any) -> Any:
         warn_unverified(fetched.path)  # after the load, so a refused start stays one line
     service.begin_warm_up(config)  # on another thread, while the HTTP stack is imported below
     return service
+
+
+ASYNC_ENV = "MODEL_INIT_MODE"  # KServe sets it to "async" when a modelcar provides /mnt/models
+
+
+def wait_for_local_bundle(bundle: str, wait_s: float) -> None:
+    """Wait up to `wait_s` for a bundle given as a path to appear (its manifest.json): KServe's
+    modelcar sidecar links /mnt/models in while this container starts. URIs are not waited for."""
+    if wait_s <= 0 or "://" in bundle:
+        return
+    manifest = Path(bundle) / "manifest.json"
+    deadline = time.monotonic() + wait_s
+    if not manifest.exists():
+        log.info("waiting up to %.0f s for the bundle at %s", wait_s, bundle)
+    while not manifest.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def check_signature(bundle_dir: Path, trust_key: str) -> Any:

@@ -55,6 +55,7 @@ class ServeConfig:
     shutdown_grace_s: float = 0.0
     metrics_port: int = 0  # 0: /metrics only on the main port
     cache_dir: str = ""  # where fetched bundles go; default: a directory under the temp dir
+    bundle_wait_s: float = 0.0  # a local bundle that is not there yet is waited for this long
     trust_key: str = ""  # PEM public key; when set, the bundle's model.sig must verify with it
     access_log: bool = False
     log_format: str = "text"
@@ -89,6 +90,7 @@ class ServeConfig:
             (self.body_timeout_s > 0, f"--body-timeout-s must be > 0, got {self.body_timeout_s}"),
             (self.timeout_keep_alive_s > 0, f"--timeout-keep-alive-s must be > 0, got {self.timeout_keep_alive_s}"),
             (self.shutdown_grace_s >= 0, f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}"),
+            (self.bundle_wait_s >= 0, f"--bundle-wait-s must be >= 0, got {self.bundle_wait_s}"),
             (0 <= self.metrics_port <= 65535, f"--metrics-port must be in 0..65535, got {self.metrics_port}"),
             (self.metrics_port != self.port, f"--metrics-port must differ from --port {self.port}"),
             (
@@ -168,6 +170,8 @@ _HELP = {
     "then stop accepting and answer every accepted request",
     "metrics_port": "also serve /metrics on this port, without the API key (0: only on --port, with the key)",
     "cache_dir": "where fetched bundles are extracted (one verified copy per archive digest)",
+    "bundle_wait_s": "wait this long for a bundle directory that is not there yet (a KServe modelcar links it in "
+    "while the server starts; MODEL_INIT_MODE=async, which KServe sets then, makes the default 300)",
     "trust_key": "PEM public key; refuse bundles whose signature is missing or does not verify with it",
     "access_log": "log one line per request (route, status, items, tokens, queue and inference ms, request id)",
     "log_format": "text or json (one JSON object per line)",
@@ -186,6 +190,7 @@ _DEFAULT_TEXT = {
     "workers": "one per available core",
     "metrics_port": "none",
     "cache_dir": "ortpack-bundles under the temp directory",
+    "bundle_wait_s": "0, or 300 with MODEL_INIT_MODE=async",
     "trust_key": "none",
 }
 

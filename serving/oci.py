@@ -19,6 +19,13 @@ their digests are known. Registries on 127.0.0.1/localhost are spoken to over pl
 over HTTPS. Credentials: `ORTPACK_REGISTRY_USERNAME` / `ORTPACK_REGISTRY_PASSWORD`, else the Docker
 config (`~/.docker/config.json` or `$DOCKER_CONFIG`, as `docker login` writes it).
 
+`push_modelcar` writes the same bundle as a container image for KServe's modelcars
+(`storageUri: oci://...`): the files under /models, one uncompressed tar layer per file (a
+byte-identical push gives the same digests), written directly with no build step. KServe runs the
+image as a sidecar with `sh -c "ln -sf /proc/$$/root/models /mnt/models && sleep infinity"`, so it
+needs a shell: `base` names an image (in any registry this client can read, e.g. busybox) whose
+layers and config come first.
+
 Errors are one line: `BundleError` for content (not found, bad digest, not a bundle, unsafe path),
 `RegistryError` (an `OSError`) for a registry that cannot be reached, refuses the credentials or
 fails.
@@ -201,6 +208,133 @@ def _encode_manifest(layers: list[_Layer], annotations: dict[str, str]) -> bytes
     return json.dumps(document, indent=2).encode()
 
 
+# --- modelcar -----------------------------------------------------------------------------
+
+IMAGE_CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+TAR_LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
+INDEX_MEDIA_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+DOCKER_MANIFEST_MEDIA_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+MODELCAR_DIR = "models"  # KServe links /proc/<pid>/root/models to /mnt/models
+
+
+def push_modelcar(bundle_dir: Path, reference: str, *, base: str | None = None) -> str:
+    """Push `bundle_dir` as a KServe modelcar image (files under /models) to `oci://HOST/REPO:TAG`;
+    return the pinned reference. `base`: `oci://...` of an image with a shell (its layers first,
+    its config kept: the sidecar runs `sh -c ...`); without one the image holds only /models."""
+    from serving.bundle import verify_bundle
+
+    bundle_dir = Path(bundle_dir)
+    target = OciReference.parse(reference)
+    if target.digest:
+        raise BundleError(f"push to a tag (oci://HOST/REPO:TAG), not a digest: {reference}")
+    manifest = verify_bundle(bundle_dir)
+    files = _bundle_layers(bundle_dir, manifest.files)
+    base_layers: list[dict[str, Any]] = []
+    config: dict[str, Any] = {"architecture": "amd64", "os": "linux", "config": {}, "rootfs": {"type": "layers"}}
+    diff_ids: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="ortpack-modelcar-") as tmp, _client(target) as client:
+        if base:
+            base_ref = OciReference.parse(base)
+            with _client(base_ref) as source:
+                base_manifest, config = _image_manifest(source, base_ref)
+                diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
+                for layer in base_manifest.get("layers") or []:
+                    _copy_blob(source, client, layer, Path(tmp))
+                    base_layers.append(layer)
+        layers = []
+        for tar_path, digest, size in _modelcar_layers(bundle_dir, files, Path(tmp)):
+            client.upload(tar_path, _Layer(path=tar_path.name, digest=digest, size=size), TAR_LAYER_MEDIA_TYPE)
+            layers.append({"mediaType": TAR_LAYER_MEDIA_TYPE, "digest": digest, "size": size})
+            diff_ids.append(digest)  # uncompressed: the layer's digest is its diff_id
+        config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+        config.setdefault("config", {}).setdefault("Labels", {})
+        config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), **_annotations(manifest)}
+        config_body = json.dumps(config, sort_keys=True).encode()
+        config_digest = _sha256_digest(config_body)
+        client.upload_bytes(config_body, config_digest)
+        document = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": {"mediaType": IMAGE_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config_body)},
+            "layers": [*base_layers, *layers],
+            "annotations": _annotations(manifest),
+        }
+        body = json.dumps(document, indent=2).encode()
+        digest = _sha256_digest(body)
+        client.put_manifest(target.tag or digest, body, digest)
+    return str(target.pinned(digest))
+
+
+def _modelcar_layers(bundle_dir: Path, files: list[_Layer], tmp: Path) -> Iterator[tuple[Path, str, int]]:
+    """One reproducible tar per bundle file at models/<path> (root-owned, 0644 files, 0755
+    directories, mtime 0), the first also holding models/ itself; yields (tar, digest, size)."""
+    import tarfile
+
+    def entry(name: str, *, directory: bool = False, size: int = 0) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
+        info.mode, info.size, info.mtime = (0o755 if directory else 0o644), size, 0
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    for index, layer in enumerate(files):
+        tar_path = tmp / f"layer-{index}.tar"
+        with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
+            parents = [MODELCAR_DIR] if index == 0 else []
+            parts = Path(layer.path).parts
+            parents += [f"{MODELCAR_DIR}/{'/'.join(parts[:i])}" for i in range(1, len(parts))]
+            for directory in parents:
+                tar.addfile(entry(directory, directory=True))
+            with open(bundle_dir / layer.path, "rb") as fh:
+                tar.addfile(entry(f"{MODELCAR_DIR}/{layer.path}", size=layer.size), fh)
+        digest = hashlib.sha256()
+        with open(tar_path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        yield tar_path, f"sha256:{digest.hexdigest()}", tar_path.stat().st_size
+
+
+def _image_manifest(client: _Client, ref: OciReference) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The linux/amd64 image manifest at `ref` (through an index if it is one) and its config."""
+    document = json.loads(
+        client.get_manifest(ref.reference, accept=(MANIFEST_MEDIA_TYPE, DOCKER_MANIFEST_MEDIA_TYPE, *INDEX_MEDIA_TYPES))
+    )
+    if document.get("mediaType") in INDEX_MEDIA_TYPES or "manifests" in document:
+        wanted = [
+            m
+            for m in document.get("manifests") or []
+            if (m.get("platform") or {}).get("os") == "linux"
+            and (m.get("platform") or {}).get("architecture") == "amd64"
+        ]
+        if not wanted:
+            raise BundleError(f"base image {ref} has no linux/amd64 image")
+        document = json.loads(
+            client.get_manifest(wanted[0]["digest"], accept=(MANIFEST_MEDIA_TYPE, DOCKER_MANIFEST_MEDIA_TYPE))
+        )
+    config_digest = (document.get("config") or {}).get("digest", "")
+    if not _SHA256.match(str(config_digest)):
+        raise BundleError(f"base image {ref} has no config")
+    return document, json.loads(client.get_blob(config_digest, MAX_MANIFEST_BYTES))
+
+
+def _copy_blob(source: _Client, target: _Client, layer: dict[str, Any], tmp: Path) -> None:
+    """Copy one blob between repositories (registries), through a file, digest-checked."""
+    digest, size = str(layer.get("digest", "")), layer.get("size")
+    if not _SHA256.match(digest) or not isinstance(size, int):
+        raise BundleError(f"base image layer without a sha256 digest and size: {layer}")
+    path = tmp / digest.replace(":", "-")
+    blob = _Layer(path=path.name, digest=digest, size=size)
+    if target._blob_exists(digest):
+        return
+    source.download(blob, path, str(source.ref))
+    target.upload(path, blob, str(layer.get("mediaType") or TAR_LAYER_MEDIA_TYPE))
+    path.unlink()
+
+
 # --- pull ---------------------------------------------------------------------------------
 
 
@@ -374,10 +508,10 @@ class _Client:
 
     # -- blobs
 
-    def upload(self, path: Path, layer: _Layer) -> None:
+    def upload(self, path: Path, layer: _Layer, media_type: str = LAYER_MEDIA_TYPE) -> None:
         if self._blob_exists(layer.digest):
             return
-        descriptor = {"digest": layer.digest, "size": layer.size, "mediaType": LAYER_MEDIA_TYPE}
+        descriptor = {"digest": layer.digest, "size": layer.size, "mediaType": media_type}
         try:
             if layer.size > CHUNKED_UPLOAD_BYTES:
                 response = self.registry.chunked_upload(str(path), self.container, descriptor)
@@ -446,8 +580,8 @@ class _Client:
         if echoed and echoed != digest:
             raise RegistryError(f"registry {self.ref.host} stored the manifest as {echoed}, expected {digest}")
 
-    def get_manifest(self, reference: str) -> bytes:
-        headers = {"Accept": MANIFEST_MEDIA_TYPE}
+    def get_manifest(self, reference: str, accept: tuple[str, ...] = (MANIFEST_MEDIA_TYPE,)) -> bytes:
+        headers = {"Accept": ", ".join(accept)}
         response = self.request("GET", f"{self.base}/manifests/{reference}", headers=headers, stream=True)
         with response:
             if response.status_code == 404:
@@ -459,6 +593,21 @@ class _Client:
                 body += block
                 if len(body) > MAX_MANIFEST_BYTES:
                     raise BundleError(f"OCI manifest larger than {MAX_MANIFEST_BYTES} bytes: {self.ref}")
+        return body
+
+    def get_blob(self, digest: str, limit: int) -> bytes:
+        """A small blob (an image config), at most `limit` bytes, checked against its digest."""
+        response = self.request("GET", f"{self.base}/blobs/{digest}", stream=True)
+        with response:
+            if response.status_code != 200:
+                raise self._fail(response, f"download of {digest}")
+            body = b""
+            for block in response.iter_content(chunk_size=65536):
+                body += block
+                if len(body) > limit:
+                    raise BundleError(f"blob {digest} is larger than {limit} bytes: {self.ref}")
+        if _sha256_digest(body) != digest:
+            raise BundleError(f"blob digest mismatch for {digest}: the registry sent other bytes ({self.ref})")
         return body
 
 

@@ -69,18 +69,18 @@ def registry_binary() -> str:
     """The registry binary, installed with apt-get when missing; skips the test when that cannot be done."""
     if os.access(REGISTRY_BINARY, os.X_OK):
         return REGISTRY_BINARY
-    reason = _install()
+    reason = apt_install("docker-registry")
     if reason or not os.access(REGISTRY_BINARY, os.X_OK):
         pytest.skip(f"no OCI registry for this test: cannot install Debian's docker-registry ({reason or 'not found'})")
     return REGISTRY_BINARY
 
 
-def _install() -> str:
-    """Install docker-registry; return why it failed ('' on success)."""
+def apt_install(package: str) -> str:
+    """Install a Debian package; return why it failed ('' on success)."""
     if shutil.which("apt-get") is None:
         return "apt-get not available"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "docker-registry"]
+    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
     last = ""
     for step in ([command], [["apt-get", "update", "-q"], command]):
         for cmd in step:

@@ -217,3 +217,10 @@ def test_sigterm_cleans_up_like_sigint(tiny_bert: Path, tmp_path: Path) -> None:
     assert stderr.strip().splitlines()[-1] == "ortpack: interrupted" and "Traceback" not in stderr
     assert list(scratch.glob("ortpack-build-*")) == []
     assert not (tmp_path / "out").exists()
+
+
+def test_modelcar_base_needs_modelcar(tiny_bundle: Path) -> None:
+    result = ortpack(
+        "bundle", "push", "--modelcar-base", "oci://r.example/busybox:1", str(tiny_bundle), "oci://r.example/x:1"
+    )
+    assert_one_line_error(result, 2, "--modelcar-base applies only with --modelcar")

@@ -1,6 +1,6 @@
-"""The component and serving images, checked without a Docker engine (this project's CI has none):
-the Dockerfiles' pins agree with pyproject.toml and components/images.py, the CPU flavour takes
-torch from the CPU wheel index and refuses CUDA packages, no step installs anything at run time."""
+"""The component and serving Dockerfiles, read without an engine (tests/test_containers.py builds
+and runs them): their pins agree with pyproject.toml and components/images.py, TORCH=cpu takes torch
+from the CPU wheel index and refuses CUDA packages, no step installs anything at run time."""
 
 from __future__ import annotations
 
@@ -40,13 +40,14 @@ def test_component_image_pins_match_the_project() -> None:
 def test_cpu_flavour_takes_cpu_torch_and_refuses_cuda_packages() -> None:
     text = (ROOT / "Dockerfile.component").read_text()
     assert _arg("Dockerfile.component", "FLAVOUR") == "cpu"
+    assert _arg("Dockerfile.component", "TORCH") == "cpu"
     assert _arg("Dockerfile.component", "TORCH_CPU_INDEX") == "https://download.pytorch.org/whl/cpu"
-    cpu = text[text.index('if [ "${FLAVOUR}" = "cpu" ]') : text.index('elif [ "${FLAVOUR}" = "gpu" ]')]
+    cpu = text[text.index('if [ "${TORCH}" = "cpu" ]') : text.index('elif [ "${TORCH}" = "pypi" ]')]
     assert '--index-url "${TORCH_CPU_INDEX}"' in cpu
     assert '"torch==${TORCH_VERSION}+cpu" "torchvision==${TORCHVISION_VERSION}+cpu"' in cpu
-    # torch is installed before the extras, so `torch==2.14.1` is already satisfied by 2.14.1+cpu
-    assert cpu.index("+cpu") < cpu.index('".[export,kfp,sign,oci,s3]"')
     assert "grep -i -E '^(nvidia-|triton=)'" in cpu and "exit 1" in cpu
+    # torch is installed before the extras, so `torch==2.14.1` is already satisfied by 2.14.1+cpu
+    assert text.index("+cpu") < text.index('".[export,serve,image,kfp,sign,oci,s3]"')
 
 
 def test_steps_install_nothing_at_run_time() -> None:

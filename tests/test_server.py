@@ -227,3 +227,19 @@ def test_sigterm_with_slow_body_clients_answers_them_in_json_and_exits(tiny_bund
         assert status == 408 and headers["content-type"] == "application/json", answer[:200]
         assert body["error"]["type"] == "request_timeout"  # type: ignore[index]
     assert "Traceback" not in s.output()
+
+
+def test_a_modelcar_bundle_is_waited_for(tiny_bundle: Path, tmp_path: Path) -> None:
+    """KServe's modelcar links /mnt/models in while the server starts (MODEL_INIT_MODE=async):
+    the server waits for the directory instead of failing; without the mode it fails at once."""
+    later = tmp_path / "mnt" / "models"
+    assert serve("--bundle", str(later), "--port", str(free_port())).returncode == 2
+    with running_server(later, env={"MODEL_INIT_MODE": "async"}, log_dir=tmp_path, wait_ready=False) as server:
+        time.sleep(1.0)
+        assert server.process.poll() is None  # still waiting, not failed
+        later.parent.mkdir()
+        shutil.copytree(tiny_bundle, later)
+        from tests.servers import wait_until_ready
+
+        wait_until_ready(server)
+        assert "waiting up to 300 s for the bundle" in server.output()

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build ortpack's images: `images/build.sh [serve] [component]` (both by default), as `make images`
+# does. Fails (non-zero, one line on stderr) when an image could not be built; never "skips".
+#
+# Chosen here, each overridable from the environment:
+#   ENGINE      docker when a Docker engine answers, else podman (installed with apt-get when
+#               missing and this is root on Debian/Ubuntu); podman runs with images/containers.conf.
+#   BASE_IMAGE  the Dockerfiles' default (the public Python slim image) when the engine has it or
+#               can pull it; else a local Debian bookworm base made once with debootstrap
+#               (localhost/ortpack-base:bookworm, images/base.sh).
+#   TORCH       cpu when PyTorch's CPU wheel index answers, else pypi (the CUDA build; see
+#               Dockerfile.component).
+#   PIP_CA      a CA bundle handed to pip as the build secret `pip_ca` (default: the system bundle,
+#               when present), for package indexes behind a proxy with its own CA.
+#   IMAGE_REPO  tag prefix (default ghcr.io/ortpack): <IMAGE_REPO>/ortpack-{serve,component}:<version>
+#   FLAVOUR     cpu (default) or gpu (tags get -gpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+here=images
+# shellcheck source=images/engine.sh
+source "$here/engine.sh"
+
+IMAGE_REPO=${IMAGE_REPO:-ghcr.io/ortpack}
+FLAVOUR=${FLAVOUR:-cpu}
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+PUBLIC_BASE=python:3.11.11-slim-bookworm
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' serving/__init__.py)
+suffix=$([ "$FLAVOUR" = gpu ] && echo -gpu || true)
+which=("$@")
+[ ${#which[@]} -gt 0 ] || which=(serve component)
+
+ensure_engine
+
+if [ -z "${BASE_IMAGE:-}" ]; then
+    if $ENGINE image inspect "$PUBLIC_BASE" >/dev/null 2>&1 \
+        || timeout 120 $ENGINE pull -q "$PUBLIC_BASE" >/dev/null 2>&1; then
+        BASE_IMAGE=$PUBLIC_BASE
+    else
+        echo "images: $PUBLIC_BASE cannot be pulled here: using a local Debian bookworm base (images/base.sh)" >&2
+        BASE_IMAGE=$("$here/base.sh")
+    fi
+fi
+
+if [ -z "${TORCH:-}" ]; then
+    if curl -fsS -o /dev/null --max-time 15 "$TORCH_CPU_INDEX/torch/"; then
+        TORCH=cpu
+    else
+        TORCH=pypi
+        echo "images: PyTorch's CPU wheel index ($TORCH_CPU_INDEX) does not answer: the component image" \
+            "takes torch from the package index (the CUDA build, ~5 GB more)" >&2
+    fi
+fi
+
+secret=()
+PIP_CA=${PIP_CA-/etc/ssl/certs/ca-certificates.crt}
+if [ -n "$PIP_CA" ] && [ -f "$PIP_CA" ]; then
+    secret=(--secret "id=pip_ca,src=$PIP_CA")
+fi
+
+build() {  # build NAME DOCKERFILE [ARGS...]
+    local name=$1 dockerfile=$2 tag start
+    shift 2
+    tag="$IMAGE_REPO/ortpack-$name:$version$suffix"
+    start=$(date +%s)
+    # podman writes OCI images by default, which have no HEALTHCHECK or SHELL: ask for Docker's format
+    [ "$ENGINE" = podman ] && set -- --format docker "$@"
+    echo "images: building $tag ($ENGINE, base $BASE_IMAGE)" >&2
+    if ! $ENGINE build -f "$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+        --build-arg "FLAVOUR=$FLAVOUR" "${secret[@]}" "$@" . >&2; then
+        echo "images: error: building $tag failed (see the build output above)" >&2
+        exit 1
+    fi
+    # An engine may answer 0 without an image (a tag it cannot resolve is then pulled, and fails
+    # with a registry error that hides the build's): check that the tag exists.
+    if ! $ENGINE image inspect "$tag" >/dev/null 2>&1; then
+        echo "images: error: $ENGINE reported success but $tag does not exist" >&2
+        exit 1
+    fi
+    echo "images: built $tag in $(($(date +%s) - start)) s, $($ENGINE image inspect --format '{{.Size}}' "$tag") bytes" >&2
+    echo "$tag"
+}
+
+for name in "${which[@]}"; do
+    case "$name" in
+        serve) build serve Dockerfile.serve ;;
+        component) build component Dockerfile.component --build-arg "TORCH=$TORCH" \
+            --build-arg "TORCH_CPU_INDEX=$TORCH_CPU_INDEX" ;;
+        *) echo "images: error: unknown image $name (serve, component)" >&2; exit 2 ;;
+    esac
+done
