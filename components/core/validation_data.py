@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 from dataclasses import dataclass
@@ -259,6 +260,43 @@ def encode_validation_image(spec: EncodedImageSpec) -> bytes:
     else:
         image.save(buffer, "PNG", compress_level=1, exif=exif.tobytes() if spec.orientation != 1 else None)
     return buffer.getvalue()
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+MIN_IMAGE_FILES, MAX_IMAGE_FILES = 8, 1000
+MAX_IMAGE_FILE_BYTES = 20 * 1024 * 1024
+
+
+def read_image_files(directory: str, what: str) -> list[tuple[str, bytes]]:
+    """(name, bytes) of the JPEG/PNG/WebP files in `directory` (not recursive), by name; at least
+    MIN_IMAGE_FILES, each one an image Pillow can open."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from components.core.errors import InvalidSpecError
+
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        raise InvalidSpecError(f"{what}: not a directory: {directory}")
+    paths = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not MIN_IMAGE_FILES <= len(paths) <= MAX_IMAGE_FILES:
+        raise InvalidSpecError(
+            f"{what}: {directory} has {len(paths)} image files ({', '.join(IMAGE_SUFFIXES)}); "
+            f"give {MIN_IMAGE_FILES} to {MAX_IMAGE_FILES}"
+        )
+    files = []
+    for path in paths:
+        if path.stat().st_size > MAX_IMAGE_FILE_BYTES:
+            raise InvalidSpecError(f"{what}: {path} is larger than {MAX_IMAGE_FILE_BYTES // 2**20} MB")
+        data = path.read_bytes()
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.verify()
+        except Exception as exc:  # noqa: BLE001 - any Pillow failure: the file is not an image
+            raise InvalidSpecError(f"{what}: {path} is not a readable image ({type(exc).__name__})") from None
+        files.append((path.name, data))
+    return files
 
 
 def pack_files(files: list[bytes]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,12 @@
-"""Export a torchvision image classifier with its preprocessing and softmax in the graph.
+"""Export an image classifier with its preprocessing and softmax in the graph.
 
-Input: a torchvision model name (`TORCHVISION_MODELS`), weights from a local state-dict file
-(safetensors, or a torch file read with `weights_only=True`) or random initialisation, and an
-optional labels file (one label per line; default: the weights' ImageNet categories).
+Input: a torchvision model name, your own module (`PACKAGE.MODULE:FACTORY`) or a `torch.export`
+program (`FILE.pt2`) (components/core/exporters/image_models.py), weights from a local
+state-dict file (safetensors, or a torch file read with `weights_only=True`) or random
+initialisation, an optional labels file (one label per line; default: a torchvision model's
+ImageNet categories), and optionally your own photos: `validation_images` (a directory the parity
+gate runs, through the server's decoder) and `calibration_images` (a directory static int8 is
+calibrated on, kept apart from the validation photos). Without them, generated images are used.
 
 Output graph: `images` uint8 `[batch, height, width, 3]` (RGB, any size; all images of a batch
 share one size) to `probabilities` float32 `[batch, classes]`. Inside: resize of the shorter side
@@ -12,7 +16,7 @@ preprocessing (exported with the dynamo exporter, the one that exports antialias
 names prefixed `pre/`) and the network (the TorchScript exporter, prefixed `net/`), so later steps
 can keep preprocessing in fp32 when they quantize the network.
 
-What this does not do: models outside torchvision, or detection/segmentation heads.
+What this does not do: detection or segmentation heads, models that take more than one tensor.
 """
 
 from __future__ import annotations
@@ -33,14 +37,21 @@ from torch import nn
 
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, InvalidSpecError, ModelLoadError
-from components.core.sources import TORCHVISION_MODELS
+from components.core.exporters.image_models import (
+    default_labels,
+    default_preprocessing,
+    load_image_network,
+    parse_image_source,
+)
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency
 from components.core.validation_data import (
     ImageSpec,
+    encode_png,
     encode_validation_image,
     encoded_validation_images,
     pack_files,
+    read_image_files,
     render_image,
     validation_images,
 )
@@ -61,6 +72,8 @@ _WEIGHT_BITS = 15
 # only when it reduces at least MIN_REDUCED_FILES validation files.
 REDUCED_MARGINS = (1.5, 2.0, 3.0, 4.0)
 MIN_REDUCED_FILES = 8
+# the user's calibration photos, packed, beside the export (not shipped in the bundle)
+CALIBRATION_FILE = "calibration.npz"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,66 +295,32 @@ class Classifier(nn.Module):
 
 
 def preprocessing_spec(spec: ExportSpec) -> dict[str, Any]:
-    """Resize, crop, mean, std and interpolation: the weights' own transforms, then flags."""
-    from torchvision.models import get_model_weights
-
-    transforms = get_model_weights(spec.source).DEFAULT.transforms()
-    interpolation = str(transforms.interpolation.value)
+    """Resize, crop, mean, std and interpolation: the model's defaults (image_models.py), then flags."""
+    defaults = default_preprocessing(parse_image_source(spec.source, local=False))
+    interpolation = str(defaults["interpolation"])
     if interpolation not in ("bilinear", "bicubic"):
         raise ExportError(f"{spec.source} uses {interpolation} resizing; ortpack exports bilinear and bicubic")
-    resize, crop = spec.resize_size or int(transforms.resize_size[0]), spec.crop_size or int(transforms.crop_size[0])
+    resize, crop = spec.resize_size or int(defaults["resize_size"]), spec.crop_size or int(defaults["crop_size"])
     if crop > resize:
         raise InvalidSpecError(f"crop size {crop} is larger than the resize size {resize}")
     return {
         "resize_size": resize,
         "crop_size": crop,
-        "mean": tuple(float(v) for v in (spec.mean or transforms.mean)),
-        "std": tuple(float(v) for v in (spec.std or transforms.std)),
+        "mean": tuple(float(v) for v in (spec.mean or defaults["mean"])),
+        "std": tuple(float(v) for v in (spec.std or defaults["std"])),
         "interpolation": interpolation,
     }
 
 
-def load_network(name: str, weights: str | None) -> tuple[nn.Module, str | None]:
-    """The torchvision model, randomly initialised or with a local state dict; never unpickled."""
-    import torchvision
-
-    if name not in TORCHVISION_MODELS:
-        raise InvalidSpecError(f"unknown image model {name!r} (supported: {', '.join(TORCHVISION_MODELS)})")
-    network = torchvision.models.get_model(name, weights=None)
-    if weights is None:
-        log.warning("export: %s has random weights (no --weights given)", name)
-        return network.eval(), None
-    path = Path(weights)
-    if not path.is_file():
-        raise ModelLoadError(f"weights file not found: {weights}")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        network.load_state_dict(state, strict=True)
-    except Exception as exc:  # noqa: BLE001 - corrupt, pickled or mismatched weights: one line
-        text = " ".join(str(exc).split())[:300]
-        raise ModelLoadError(f"cannot load weights from {weights} into {name}: {text}") from None
-    from serving.bundle import sha256_file
-
-    return network.eval(), sha256_file(path)
-
-
-def read_labels(labels: str | None, name: str, classes: int) -> list[str]:
+def read_labels(labels: str | None, source: str, classes: int) -> list[str]:
     if labels is None:
-        from torchvision.models import get_model_weights
-
-        categories = list(get_model_weights(name).DEFAULT.meta.get("categories", []))
-        return categories if len(categories) == classes else [f"class_{i}" for i in range(classes)]
+        return default_labels(parse_image_source(source, local=False), classes)
     path = Path(labels)
     if not path.is_file():
         raise ModelLoadError(f"labels file not found: {labels}")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(lines) != classes:
-        raise ModelLoadError(f"{labels} has {len(lines)} labels; {name} has {classes} classes")
+        raise ModelLoadError(f"{labels} has {len(lines)} labels; {source} has {classes} classes")
     return lines
 
 
@@ -402,18 +381,32 @@ def export_graphs(pre: dict[str, Any], classifier: Classifier, out_dir: Path, op
 
 @torch.inference_mode()
 def reference_outputs(
-    classifier: Classifier, pre: dict[str, Any], specs: tuple[ImageSpec, ...]
+    classifier: Classifier, pre: dict[str, Any], images: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """torchvision-preprocessed pixels (uint8 [N, 3, crop, crop]) and PyTorch probabilities."""
     transform = reference_transform(pre)
     mean = torch.tensor(pre["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(pre["std"]).view(1, 3, 1, 1)
-    pixels = np.stack([transform(torch.from_numpy(render_image(s)).permute(2, 0, 1)).numpy() for s in specs])
+    pixels = np.stack([transform(torch.from_numpy(im).permute(2, 0, 1)).numpy() for im in images])
     probs = []
     for start in range(0, len(pixels), 8):
         batch = torch.from_numpy(pixels[start : start + 8]).float() / 255.0
         probs.append(classifier((batch - mean) / std).numpy())
     return pixels, np.concatenate(probs).astype(np.float32)
+
+
+def photo_pixel_set(photos: list[np.ndarray], crop: int) -> list[np.ndarray]:
+    """The raw-pixel set from decoded photos: two groups of 8 same-size centre crops first (the
+    batch-8 checks: 1.25 x and 1.75 x the crop size, from the photos large enough), then every
+    photo as it is (batch 1)."""
+    images: list[np.ndarray] = []
+    for side in (int(crop * 1.25), int(crop * 1.75)):
+        large = [p for p in photos if min(p.shape[:2]) >= side][:8]
+        if len(large) == 8:
+            for p in large:
+                top, left = (p.shape[0] - side) // 2, (p.shape[1] - side) // 2
+                images.append(np.ascontiguousarray(p[top : top + side, left : left + side]))
+    return images + photos
 
 
 def reference_decode(data: bytes) -> np.ndarray:
@@ -471,11 +464,14 @@ def choose_decode(
         metrics.update({f"{key}.{name}": value for name, value in values.items()})
         misses = gate(values, DECODE_GATE)
         log.info(
-            "export: reduced decoding at %d px (%gx), %d files: top-1 %.3f, top-5 %.3f, max |diff| %.3f%s",
+            "export: reduced decoding at %d px (%gx), %d files: top-1 %.3f (%.3f on %d decisive), top-5 %.3f, "
+            "max |diff| %.3f%s",
             side,
             margin,
             len(reduced),
             values["top1_agreement"],
+            values["decisive_top1_agreement"],
+            int(values["decisive_rows"]),
             values["top5_agreement"],
             values["max_abs_diff"],
             f": misses {'; '.join(misses)}" if misses else "",
@@ -502,9 +498,11 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
 
     if spec.opset < MIN_OPSET:
         raise InvalidSpecError(f"image models export at opset {MIN_OPSET} or later, not {spec.opset}")
-    pre = preprocessing_spec(spec) if spec.source in TORCHVISION_MODELS else None
-    network, weights_sha = load_network(spec.source, spec.weights)
-    assert pre is not None
+    pre = preprocessing_spec(spec)
+    source = parse_image_source(spec.source)
+    photos = read_image_files(spec.validation_images, "validation images") if spec.validation_images else None
+    calibration = read_image_files(spec.calibration_images, "calibration images") if spec.calibration_images else None
+    network, source_record = load_image_network(source, spec.weights, pre["crop_size"])
     t0 = time.perf_counter()
     classifier = Classifier(network).eval()
     with torch.inference_mode():
@@ -519,36 +517,57 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     seconds = time.perf_counter() - t0
     graph = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
 
-    specs = validation_images()
-    log.info("export: PyTorch reference outputs on %d generated images", len(specs))
-    pixels, probs = reference_outputs(classifier, pre, specs)
-    encoded = encoded_validation_images()
-    log.info("export: PyTorch reference outputs on %d encoded files (Pillow's full decode)", len(encoded))
-    files = [encode_validation_image(s) for s in encoded]
+    if photos is None:
+        specs = validation_images()
+        images = [render_image(s) for s in specs]
+        encoded = encoded_validation_images()
+        files = [encode_validation_image(s) for s in encoded]
+        names, formats = [s.name for s in encoded], [s.format for s in encoded]
+        sizes = [(s.width, s.height) for s in encoded]
+        log.info("export: PyTorch reference outputs on %d generated images and %d files", len(images), len(files))
+    else:
+        files, names = [data for _, data in photos], [name for name, _ in photos]
+        decoded = [reference_decode(f) for f in files]
+        images = photo_pixel_set(decoded, pre["crop_size"])
+        formats, sizes = [_format(f) for f in files], [(d.shape[1], d.shape[0]) for d in decoded]
+        log.info("export: PyTorch reference outputs on %d photos (%s)", len(files), spec.validation_images)
+    pixels, probs = reference_outputs(classifier, pre, images)
     served = np.stack([classify_pixels(classifier, pre, reference_decode(f)) for f in files])
     if not (np.isfinite(probs).all() and np.isfinite(served).all()):
         raise ExportError("the PyTorch model produces non-finite probabilities on the validation images")
     decode, decode_metrics, reduced_diff = choose_decode(classifier, pre, files, served)
     log.info("export: the server's default decode: %s", _describe_decode(decode))
     offsets, data = pack_files(files)
+    raw: dict[str, Any]
+    if photos is None:
+        # the generated images are rendered again from their specs where they are needed
+        raw = {
+            "heights": np.array([s.height for s in specs]),
+            "widths": np.array([s.width for s in specs]),
+            "kinds": np.array([s.kind for s in specs]),
+            "seeds": np.array([s.seed for s in specs]),
+        }
+    else:  # the photos' pixels travel as lossless PNGs
+        raw_offsets, raw_data = pack_files([encode_png(im) for im in images])
+        raw = {"raw_offsets": raw_offsets, "raw_data": raw_data}
     np.savez_compressed(
         out_dir / "reference.npz",
         task=np.array("image-classification"),
-        heights=np.array([s.height for s in specs]),
-        widths=np.array([s.width for s in specs]),
-        kinds=np.array([s.kind for s in specs]),
-        seeds=np.array([s.seed for s in specs]),
+        **raw,
         pixels=pixels,
         outputs=probs,
         input_names=np.array([INPUT_NAME]),
-        served_names=np.array([s.name for s in encoded]),
-        served_formats=np.array([s.format for s in encoded]),
-        served_sizes=np.array([(s.width, s.height) for s in encoded]),
+        served_names=np.array(names),
+        served_formats=np.array(formats),
+        served_sizes=np.array(sizes),
         served_offsets=offsets,
         served_data=data,
         served_outputs=served,
         served_reduced_diff=reduced_diff,
     )
+    if calibration is not None:
+        cal_offsets, cal_data = pack_files([data for _, data in calibration])
+        np.savez(out_dir / CALIBRATION_FILE, offsets=cal_offsets, data=cal_data)
 
     log.info("export: measuring PyTorch eager latency (torchvision transforms + model)")
     transform = reference_transform(pre)
@@ -567,21 +586,16 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     result = ExportResult(
         task="image-classification",
         name=spec.name,
-        source={
-            "kind": "torchvision",
-            "id": spec.source,
-            "revision": f"torchvision=={torchvision.__version__}",
-            "weights_sha256": weights_sha,
-        },
+        source=source_record,
         inputs=[{"name": INPUT_NAME, "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
         outputs=[{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", classes]}],
         opset=spec.opset,
-        model_info={"model_type": spec.source, "classes": classes, "crop_size": pre["crop_size"]},
+        model_info={"model_type": source.default_name, "classes": classes, "crop_size": pre["crop_size"]},
         metrics={
             "nodes": float(len(graph.graph.node)),
             "mb": (out_dir / "model.onnx").stat().st_size / 1e6,
             "seconds": seconds,
-            "validation_samples": float(len(specs)),
+            "validation_samples": float(len(images)),
             "validation_files": float(len(files)),
             **decode_metrics,
         },
@@ -605,6 +619,13 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     )
     result.save(out_dir)
     return result
+
+
+def _format(data: bytes) -> str:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return str(image.format)
 
 
 def _describe_decode(decode: dict[str, Any]) -> str:

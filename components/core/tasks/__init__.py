@@ -64,7 +64,10 @@ class TaskFamily:
     check_signature: Callable[[Any], list[str]]  # an ORT session's inputs/outputs against the contract
     compare: Callable[[Any, Any, Path], Comparison]  # (session, reference npz, export dir)
     bench_feeds: Callable[[ExportResult], dict[str, tuple[int, dict[str, np.ndarray]]]]
-    quantize_int8: Callable[[Path, Path], None]
+    # (fused fp32 graph, int8 graph to write, export, export dir): the int8 recipe, which may read
+    # the export (its model_type, its calibration data); may return what it chose and measured
+    # (the optimize step's `int8` metrics)
+    quantize_int8: Callable[[Path, Path, ExportResult, Path], dict[str, Any] | None]
     select_probe: Callable[[ExportResult, Path], Probe]
     report: ReportSpec
     # transformer fusions before the precision conversion:

