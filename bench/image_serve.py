@@ -1,9 +1,12 @@
 """Image serving benchmark: a naive PyTorch + FastAPI classifier and ortpack's server, one run.
 
     python bench/image_serve.py [--bundle dist/mobilenet_v3_small] [--seconds 10]
+    python bench/image_serve.py --bundle dist/efficientnet-lite0 \
+        --model examples.efficientnet_lite:efficientnet_lite0 --weights W.pth
 
-Both serve MobileNetV3-small with the same weights (random, made non-degenerate: no trained
-weights are available offline; the work per image is the same). The workload is the published
+Both serve the bundle's model with the same weights: by default MobileNetV3-small with random
+weights made non-degenerate (built if missing); with --model, the model the bundle was built from
+(the naive server takes the bundle's preprocessing from its manifest). The workload is the published
 one: the same ~400 KB 1280x960 JPEG posted as base64 JSON to /v1/classify/json, closed loop (wrk)
 at concurrency 1, 8 and 50, after a discarded warm-up run; for ortpack also the raw bytes to
 /v1/classify. Servers: the naive one, ortpack with its default decode (what the bundle's parity
@@ -227,19 +230,36 @@ def main() -> int:
     parser.add_argument(
         "--weights",
         default=str(ROOT / "dist" / "mobilenet_v3_small.safetensors"),
-        help="the weights both servers load (made if missing)",
+        help="the weights both servers load (made if missing, for the default model)",
+    )
+    parser.add_argument(
+        "--model",
+        default="mobilenet_v3_small",
+        help="the bundle's model, as --model of the build named it (torchvision name or PACKAGE.MODULE:FACTORY)",
     )
     parser.add_argument("--seconds", type=float, default=10, help="duration of each measured run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "image_serve.json"), help="JSON output")
     args = parser.parse_args()
     bundle, weights = Path(args.bundle), Path(args.weights)
-    ensure_bundle(bundle, weights)
+    if args.model == "mobilenet_v3_small":
+        ensure_bundle(bundle, weights)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    naive_env = {
+        "NAIVE_WEIGHTS": str(weights),
+        "NAIVE_IMAGE_MODEL": args.model,
+        "NAIVE_PREPROCESSING": json.dumps(
+            {k: manifest["preprocessing"][k] for k in ("resize_size", "crop_size", "interpolation", "mean", "std")}
+        ),
+    }
     jpeg = make_jpeg()
     body = json.dumps({"image": base64.b64encode(jpeg).decode()})
     results: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "model": args.model,
+        "bundle": str(bundle),
+        "decode": manifest["preprocessing"].get("decode", "exact"),
         "jpeg": {"width": WIDTH, "height": HEIGHT, "bytes": len(jpeg), "body_bytes": len(body)},
         "servers": [],
     }
@@ -255,7 +275,7 @@ def main() -> int:
             bench(
                 "naive pytorch",
                 [*uvicorn, "--no-access-log", "--port", str(port), "bench.baselines.naive_image:app"],
-                {"NAIVE_WEIGHTS": str(weights)},
+                naive_env,
                 port,
                 files,
                 args.seconds,
@@ -291,7 +311,8 @@ def report(results: dict[str, Any], seconds: float) -> None:
             )
     jpeg = results["jpeg"]
     print(
-        f"\nimage serving: MobileNetV3-small, the same {jpeg['width']}x{jpeg['height']} {jpeg['bytes'] / 1000:.0f} KB "
+        f"\nimage serving: {results['model']} (default decode {results['decode']}), the same "
+        f"{jpeg['width']}x{jpeg['height']} {jpeg['bytes'] / 1000:.0f} KB "
         f"JPEG, {results['cpu_count']} cores ({results['cpu']}), {seconds:.0f} s per row"
     )
     print(table(rows))

@@ -33,7 +33,8 @@ def export_model(
         weights: Image models: a state-dict file (a path, or a URI of a .safetensors file); empty
             for random weights.
         labels: Image models: a labels file (a path or URI), one per line; empty for the weights' categories.
-        preprocessing: Image models: overrides of resize_size, crop_size, mean and std.
+        preprocessing: Image models: overrides of resize_size, crop_size, mean and std, and
+            validation_images / calibration_images (directories of photos, as the step sees them).
         exported: Directory with model.onnx, reference.npz, export.json and the tokenizer.
         metrics: export.nodes, export.mb, export.seconds, torch.p50_ms.<shape>.
         allow_degenerate_reference: Build even when the PyTorch outputs barely vary (random

@@ -178,13 +178,15 @@ def make_pipeline(
         Args:
             model_uri: s3://BUCKET/PREFIX/, minio://..., gs://..., https://.../CKPT.tar,
                 hf://ORG/NAME@REVISION, a path in the image or under /mnt/models (--model-pvc),
-                or a bundled model name (all-MiniLM-L6-v2).
+                or a bundled model name (all-MiniLM-L6-v2); image models also a torchvision name,
+                PACKAGE.MODULE:FACTORY (importable in the image) or a torch.export FILE.pt2.
             task: text-embedding, text-classification or image-classification.
             name: Bundle name (empty: the model's own).
             max_length: Token limit of text models (0: the model's own).
             weights: Image models: a state-dict file (path, or URI of a .safetensors file; empty: random).
             labels: Image models: a labels file, path or URI (empty: the weights' categories).
-            preprocessing: Image models: overrides of resize_size, crop_size, mean, std.
+            preprocessing: Image models: overrides of resize_size, crop_size, mean, std, and
+                validation_images / calibration_images (directories of photos, as the step sees them).
             cpu_precisions: Precisions to build for the cpu target (fp32, int8).
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.

@@ -4,12 +4,18 @@
 
 Decodes the base64 JPEG with Pillow, applies torchvision's transforms (Resize, CenterCrop,
 ToTensor, Normalize), runs the model and answers the top 5, like `POST /v1/classify/json`.
+NAIVE_IMAGE_MODEL names the model as `--model` does (a torchvision name, default
+mobilenet_v3_small, or PACKAGE.MODULE:FACTORY); NAIVE_PREPROCESSING (JSON: resize_size,
+crop_size, interpolation, mean, std) overrides a torchvision model's own transforms and is needed
+for the others.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import io
+import json
 import os
 
 import torch
@@ -17,22 +23,41 @@ import torchvision
 from fastapi import FastAPI
 from PIL import Image
 from pydantic import BaseModel
-from safetensors.torch import load_file
 from torchvision import transforms
 
 NAME = os.environ.get("NAIVE_IMAGE_MODEL", "mobilenet_v3_small")
-weights = torchvision.models.get_model_weights(NAME).DEFAULT
-model = torchvision.models.get_model(NAME, weights=None)
-model.load_state_dict(load_file(os.environ["NAIVE_WEIGHTS"]))
+WEIGHTS = os.environ["NAIVE_WEIGHTS"]
+if ":" in NAME:
+    module, _, factory = NAME.partition(":")
+    model = getattr(importlib.import_module(module), factory)()
+    labels = [f"class_{i}" for i in range(1000)]
+    pre = json.loads(os.environ["NAIVE_PREPROCESSING"])
+else:
+    preset = torchvision.models.get_model_weights(NAME).DEFAULT
+    model = torchvision.models.get_model(NAME, weights=None)
+    labels = preset.meta["categories"]
+    transforms_ = preset.transforms()
+    pre = {
+        "resize_size": transforms_.resize_size[0],
+        "crop_size": transforms_.crop_size[0],
+        "interpolation": transforms_.interpolation.value,
+        "mean": transforms_.mean,
+        "std": transforms_.std,
+        **json.loads(os.environ.get("NAIVE_PREPROCESSING", "{}")),
+    }
+if WEIGHTS.endswith(".safetensors"):
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(WEIGHTS))
+else:
+    model.load_state_dict(torch.load(WEIGHTS, map_location="cpu", weights_only=True))
 model.eval()
-labels = weights.meta["categories"]
-preset = weights.transforms()
 preprocess = transforms.Compose(
     [
-        transforms.Resize(preset.resize_size[0], interpolation=preset.interpolation),
-        transforms.CenterCrop(preset.crop_size[0]),
+        transforms.Resize(pre["resize_size"], interpolation=transforms.InterpolationMode(pre["interpolation"])),
+        transforms.CenterCrop(pre["crop_size"]),
         transforms.ToTensor(),
-        transforms.Normalize(preset.mean, preset.std),
+        transforms.Normalize(pre["mean"], pre["std"]),
     ]
 )
 app = FastAPI()
