@@ -260,3 +260,32 @@ def make_tiny_classifier(out: Path, *, num_labels: int = 3, seed: int = 0, head_
     for name in TOKENIZER_FILES:
         shutil.copyfile(minilm_dir() / name, out / name)
     return out
+
+
+def make_trunk_classifier(
+    out: Path, trunk: Path, *, num_labels: int = 3, seed: int = 0, head_scale: float = 8.0
+) -> Path:
+    """A sequence classifier on a trained encoder (all-MiniLM-L6-v2's, or MPNet's) with a seeded
+    random head: no trained classifier or cross-encoder ships on the package index, so the int8
+    error of the real weights is what the gate sees (the head only spreads the outputs).
+    `num_labels=1` makes a cross-encoder."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    labels = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:num_labels])}
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        trunk,
+        num_labels=num_labels,
+        id2label=labels if num_labels > 1 else {0: "relevance"},
+        label2id={v: k for k, v in labels.items()} if num_labels > 1 else {"relevance": 0},
+    ).eval()
+    with torch.no_grad():
+        model.classifier.weight.normal_(0.0, 0.02).mul_(head_scale)
+        model.classifier.bias.zero_()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (trunk / name).is_file():
+            shutil.copyfile(trunk / name, out / name)
+    return out
