@@ -39,6 +39,11 @@ class PipelineRunError(OrtpackError, RuntimeError):
     """A step of a local pipeline run failed; the message is that step's own error."""
 
 
+class PipelineRefusedError(OrtpackError, ValueError):
+    """A step refused its input (one of ortpack's input errors: exit 2, like the same refusal
+    outside the pipeline); the message is that step's own error."""
+
+
 class _ProgressStream(io.TextIOBase):
     """Tee kfp.local's stdout into a log file; echo the interesting lines."""
 
@@ -47,7 +52,7 @@ class _ProgressStream(io.TextIOBase):
         self.pending = ""
 
     def write(self, text: str) -> int:
-        self.log_file.write(text)
+        self.log_file.write(_ANSI.sub("", text))  # the log file is plain text (kfp.local colours its lines)
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
@@ -72,16 +77,24 @@ def _new_run_dir(root: Path, before: set[Path]) -> Path | None:
     return max(created, key=lambda p: p.stat().st_mtime) if created else None
 
 
-def last_error(log_file: Path) -> str | None:
-    """The message of the last `SomeError: message` line a step printed (its exception), if any.
-    kfp.local's own summary ("... Inner task failed: ...") is not a step's error and is skipped."""
+def last_error(log_file: Path) -> tuple[str, str] | None:
+    """The type and message of the last `SomeError: message` line a step printed (its exception),
+    if any. kfp.local's own summary ("... Inner task failed: ...") is not a step's error."""
     found = None
     for line in log_file.read_text(errors="replace").splitlines():
         line = _ANSI.sub("", line)
         match = _ERROR_LINE.match(line)
         if match and "Inner task failed" not in line:
-            found = match.group(2).strip()
+            found = (match.group(1), match.group(2).strip())
     return found
+
+
+def _is_refusal(error_type: str) -> bool:
+    """True when a step's error type is one of ortpack's input errors (a ValueError)."""
+    from components.core import errors
+
+    found = getattr(errors, error_type, None)
+    return isinstance(found, type) and issubclass(found, ValueError)
 
 
 RUNNERS = ("subprocess", "docker")
@@ -231,8 +244,10 @@ def run_pipeline_locally(
         verdict = run_verdict(run_dir) if run_dir is not None else None
         if verdict is not None and not verdict.passed:  # the package step's record, not a message
             raise NoVariantPassedError(verdict.reason)
-        step_error = last_error(log_file) or one_line(_ANSI.sub("", str(failure)))
-        raise PipelineRunError(f"{step_error} (full log: {log_file})")
+        found = last_error(log_file)
+        step_error = found[1] if found else one_line(_ANSI.sub("", str(failure)))
+        error = PipelineRefusedError if found and _is_refusal(found[0]) else PipelineRunError
+        raise error(f"{step_error} (full log: {log_file})")
     if run_dir is None:
         raise PipelineRunError(f"kfp.local wrote no run directory under {pipeline_root}")
     bundles = sorted(run_dir.glob("**/package-bundle/bundle"))

@@ -60,6 +60,10 @@ RESOURCES = {
 }
 SMALL_STEP = ("500m", "1Gi")  # resolve, gate
 PUBLISH_STEP = ("1", "2Gi")
+# Retries are for transient faults only: the steps that talk to a store (resolve, publish). Export
+# and optimize are deterministic given their inputs, so a refusal there (a degenerate reference, a
+# bad path, a wrong option) would only come back after the back-off: they run once, and the
+# export's downloads retry inside the step (components/core/build.py FETCH_ATTEMPTS).
 RETRIES, RETRY_BACKOFF = 2, "60s"
 
 
@@ -133,7 +137,6 @@ def make_pipeline(
         cached(measured, False)  # a benchmark measures this run's hardware, never a cache
         cached(optimized)
         cached(validated)
-        optimized.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
         for task, step in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
             task.set_display_name(f"{step} {target}")
             task.set_container_image(cuda_image if target == "cuda" else cpu_image)
@@ -231,7 +234,7 @@ def make_pipeline(
             preprocessing=preprocessing,
             allow_degenerate_reference=allow_degenerate_reference,
         )
-        cached(exported.set_display_name("export")).set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+        cached(exported.set_display_name("export"))
         _resources(exported, export_cpu, export_memory)
         for reader in (resolved, exported):
             reader.set_container_image(cpu_image)

@@ -96,3 +96,32 @@ def test_existing_output_is_refused_before_any_work(tiny_bert: Path, tmp_path: P
     )
     with pytest.raises(InvalidSpecError, match="output directory exists"):
         build_bundle(spec, out)
+
+
+def test_downloads_retry_only_when_the_store_is_unreachable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The export step's downloads: an unreachable store is tried again (FETCH_ATTEMPTS), a
+    refused source fails at the first try (the step itself is never retried by the pipeline)."""
+    from components.core import build, sources
+    from components.core.errors import SourceError, SourceUnreachableError
+
+    calls: list[str] = []
+
+    def flaky(uri: str, dest: Path, **options: object) -> str:
+        calls.append(uri)
+        if uri.endswith("down") or (uri.endswith("flaky") and len(calls) < 3):
+            raise SourceUnreachableError("cannot reach the store")
+        if uri.endswith("refused"):
+            raise SourceError("pickled weights")
+        return "fetched"
+
+    monkeypatch.setattr(sources, "fetch_source", flaky)
+    monkeypatch.setattr(build, "FETCH_BACKOFF_S", (0.0, 0.0))
+    assert build.fetch_with_retries("s3://b/flaky", tmp_path / "a") == "fetched" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(SourceError):
+        build.fetch_with_retries("s3://b/refused", tmp_path / "b")
+    assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(SourceUnreachableError):
+        build.fetch_with_retries("s3://b/down", tmp_path / "c")
+    assert len(calls) == build.FETCH_ATTEMPTS

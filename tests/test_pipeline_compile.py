@@ -172,8 +172,10 @@ def test_every_heavy_step_has_requests_and_limits_from_parameters() -> None:
 def test_retries_and_cache_policy() -> None:
     (doc, *_) = _docs(COMPILED)
     tasks = _all_tasks(doc)
-    for name in ("export-model", "optimize-variant", "resolve-source", "publish-bundle"):
+    for name in ("resolve-source", "publish-bundle"):  # stores: transient faults are retried
         assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2, name
+    for name in ("export-model", "optimize-variant", "validate-variant", "benchmark-variant", "package-bundle"):
+        assert "retryPolicy" not in tasks[name], f"{name} is deterministic: a refusal must not wait for retries"
     for name in ("benchmark-variant", "resolve-source", "package-bundle", "publish-bundle"):
         assert not tasks[name]["cachingOptions"].get("enableCache"), f"{name} must never be served from cache"
     for name in ("export-model", "optimize-variant", "validate-variant"):

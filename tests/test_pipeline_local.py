@@ -232,3 +232,17 @@ def test_a_failed_gate_leaves_the_verdict_report_and_metrics(tiny_bert: Path, tm
     (package,) = _metrics(run_dir, "package-bundle")
     assert package["variants.passed"] == 0.0
     assert "Executing task 'check-gate'" in result.stderr
+
+
+def test_a_refused_export_runs_once_and_ends_the_run(tmp_path: Path) -> None:
+    """A refusal (here: a directory that is no checkpoint) cannot change on retry: the export
+    step runs once, and the run ends with its reason (no back-off between tries)."""
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    result = ortpack_run("--model", str(empty), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("ortpack: error: ")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    log = (run_dir / "ortpack-run.log").read_text()
+    assert log.count("Executing task 'export-model'") == 1
+    assert "optimize-variant" not in log

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ortpack.build")
 
+# A download that cannot reach its store is tried this many times, waiting FETCH_BACKOFF_S between
+# tries (the export step itself is not retried by the pipeline: a refusal must end the run at once)
+FETCH_ATTEMPTS, FETCH_BACKOFF_S = 3, (5.0, 20.0)
+
 # image options that travel in the pipeline's `preprocessing` parameter (one dict)
 PREPROCESSING_KEYS = ("resize_size", "crop_size", "mean", "std", "validation_images", "calibration_images")
 
@@ -193,6 +197,25 @@ def kfp_metrics(result: ExportResult | OptimizeResult | ParityReport | Benchmark
     return result.metrics()
 
 
+def fetch_with_retries(uri: str, dest: Path, **options: Any) -> Any:
+    """`sources.fetch_source`, tried again when the store cannot be reached (a transient fault:
+    `SourceUnreachableError`); anything else (a bad URI, a refused file) fails at once."""
+    from components.core.errors import SourceUnreachableError
+    from components.core.sources import fetch_source
+
+    for attempt in range(1, FETCH_ATTEMPTS + 1):
+        try:
+            return fetch_source(uri, dest, **options)
+        except SourceUnreachableError as exc:
+            if attempt == FETCH_ATTEMPTS:
+                raise
+            wait = FETCH_BACKOFF_S[min(attempt, len(FETCH_BACKOFF_S)) - 1]
+            log.warning("export: %s (try %d of %d; again in %.0f s)", exc, attempt, FETCH_ATTEMPTS, wait)
+            shutil.rmtree(dest, ignore_errors=True)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
 def run_export_step(
     out_dir: Path, *, model_uri: str, source_versions: str = "", params: Mapping[str, Any]
 ) -> StepOutput:
@@ -207,7 +230,6 @@ def run_export_step(
     from components.core.export import export_model
     from components.core.sources import (
         default_name,
-        fetch_source,
         is_remote,
         load_credentials,
         parse_source_versions,
@@ -226,12 +248,12 @@ def run_export_step(
         model = model_uri
         if is_remote(model_uri):
             log.info("export: fetching %s", model_uri)
-            fetched = fetch_source(model_uri, fetch_root / "model", pinned=pins.get("model", ""))
+            fetched = fetch_with_retries(model_uri, fetch_root / "model", pinned=pins.get("model", ""))
             model = str(fetched.path)
         for key in ("weights", "labels"):
             if is_remote(params.get(key)):
                 log.info("export: fetching %s", params[key])
-                fetched_file = fetch_source(params[key], fetch_root / key, kind=key, pinned=pins.get(key, ""))
+                fetched_file = fetch_with_retries(params[key], fetch_root / key, kind=key, pinned=pins.get(key, ""))
                 params[key] = str(fetched_file.path)
         source, name = resolve_model_source(model, str(params["task"]))
         if fetched is not None:
