@@ -316,6 +316,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             verbose=args.verbose > 0,
             echo=lambda line: log.info("  %s", line.strip()),
             runner=runner,
+            # resolve, export, then optimize, validate and benchmark per variant, package, gate, publish
+            total_steps=4 + 3 * sum(len(arguments[f"{t}_precisions"]) for t in targets) + bool(arguments["publish_to"]),
         )
     finally:
         if runner is not None:

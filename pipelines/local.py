@@ -31,7 +31,8 @@ from components.core.errors import InvalidSpecError, NoVariantPassedError, Ortpa
 log = logging.getLogger("ortpack.run")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_PROGRESS = re.compile(r"Executing task|finished with status|^\s*\[ortpack")
+_PROGRESS = re.compile(r"finished with status FAILURE|^\s*\[ortpack")
+_STARTED = re.compile(r"Executing task '([\w-]+)'")
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 
@@ -45,19 +46,28 @@ class PipelineRefusedError(OrtpackError, ValueError):
 
 
 class _ProgressStream(io.TextIOBase):
-    """Tee kfp.local's stdout into a log file; echo the interesting lines."""
+    """Tee kfp.local's stdout into a log file (plain text); echo the interesting lines, with
+    "step k of N" for each task kfp.local starts (`total_steps`, when known)."""
 
-    def __init__(self, log_file: io.TextIOBase, echo: Callable[[str], None], verbose: bool) -> None:
+    def __init__(
+        self, log_file: io.TextIOBase, echo: Callable[[str], None], verbose: bool, total_steps: int = 0
+    ) -> None:
         self.log_file, self.echo, self.verbose = log_file, echo, verbose
+        self.total, self.started = total_steps, 0
         self.pending = ""
 
     def write(self, text: str) -> int:
-        self.log_file.write(_ANSI.sub("", text))  # the log file is plain text (kfp.local colours its lines)
+        self.log_file.write(_ANSI.sub("", text))  # kfp.local colours its lines
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
             clean = _ANSI.sub("", line).rstrip()
-            if clean and (self.verbose or _PROGRESS.search(clean)):
+            started = _STARTED.search(clean)
+            if started:
+                self.started += 1
+                of = f" of {max(self.total, self.started)}" if self.total else ""
+                self.echo(f"step {self.started}{of}: {started.group(1)}")
+            elif clean and (self.verbose or _PROGRESS.search(clean)):
                 self.echo(clean)
         return len(text)
 
@@ -204,6 +214,7 @@ def run_pipeline_locally(
     verbose: bool = False,
     echo: Callable[[str], None] = print,
     runner: Any = None,
+    total_steps: int = 0,
 ) -> LocalRun:
     """Run `pipeline` with kfp.local and copy its bundle to `out_dir` (atomically). `runner` is a
     kfp.local runner (default: the subprocess runner in this environment)."""
@@ -220,7 +231,7 @@ def run_pipeline_locally(
     scratch_log = pipeline_root / f".ortpack-run-{time.strftime('%Y%m%d-%H%M%S')}.log"
     failure: Exception | None = None
     with open(scratch_log, "w") as fh:
-        stream = _ProgressStream(fh, echo, verbose)
+        stream = _ProgressStream(fh, echo, verbose, total_steps)
         # kfp.local also logs some lines on the root logger outside its own handler: keep them too
         root_handler = logging.StreamHandler(stream)  # type: ignore[arg-type]
         logging.getLogger().addHandler(root_handler)

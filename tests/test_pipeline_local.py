@@ -45,7 +45,8 @@ def test_full_local_run(tiny_bert: Path, tmp_path: Path) -> None:
     assert "<td>ort-bert</td>" in report and "Attention " in report
     # the summary table and progress per step
     assert "cpu-int8  pass" in result.stdout and "report: dist/tiny/report.html" in result.stdout
-    assert "Executing task 'validate-variant'" in result.stderr
+    assert "step 4 of 10: validate-variant" in result.stderr and "step 10 of 10: check-gate" in result.stderr
+    assert "validate cpu-fp32: the parity gate" in result.stderr  # each variant's steps say which it is
 
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (run_dir / "ortpack-run.log").is_file()
@@ -156,7 +157,7 @@ def test_image_run_checks_its_files_first(tmp_path: Path) -> None:
     )
     assert result.returncode == 2 and "weights file not found" in result.stderr
     unknown = ortpack_run("--model", "vgg11", "--task", "image-classification", cwd=tmp_path)
-    assert unknown.returncode == 2 and "unknown image model 'vgg11' (supported: mobilenet_v3_small" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown image model 'vgg11': give a torchvision name (mobilenet_v3_small" in unknown.stderr
     assert not (tmp_path / "runs").exists()
 
 

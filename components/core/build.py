@@ -280,7 +280,9 @@ def run_optimize_step(export_dir: Path, out_dir: Path, *, target: str, precision
     from components.core.optimize import optimize_model
     from components.core.specs import VariantSpec
 
-    result = optimize_model(Path(export_dir), VariantSpec(target=target, precision=precision), Path(out_dir))
+    variant = VariantSpec(target=target, precision=precision)
+    log.info("optimize %s: building the variant", variant.id)
+    result = optimize_model(Path(export_dir), variant, Path(out_dir))
     return StepOutput(
         metrics=kfp_metrics(result),
         metadata={
@@ -308,6 +310,7 @@ def run_validate_step(
 
     built = OptimizeResult.load(Path(variant_dir))
     task = ExportResult.load(Path(export_dir)).task
+    log.info("validate %s: the parity gate against the PyTorch reference", built.variant_id)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     overrides = {k: dict(v) for k, v in threshold_overrides.items()}
     parity = validate_variant(
@@ -335,6 +338,7 @@ def run_benchmark_step(export_dir: Path, variant_dir: Path, report_dir: Path, ou
 
     out = gather_variant(Path(variant_dir), Path(report_dir), Path(out_dir))
     parity = ParityReport.load(out)
+    log.info("benchmark %s: measuring latency", parity.variant_id)
     if not parity.passed:
         reason = "missed its parity gate"
         BenchmarkResult(
