@@ -506,16 +506,17 @@ def cmd_package(args: argparse.Namespace) -> int:
 def cmd_bundle_verify(args: argparse.Namespace) -> int:
     from serving.bundle import verify_bundle
 
-    manifest = verify_bundle(Path(args.bundle))
+    bundle = _bundle_dir(args.bundle)
+    manifest = verify_bundle(bundle)
     size = sum(f.bytes for f in manifest.files.values())
     signed = ""
     if args.trust_key:
         from serving.signing import verify_signature
 
-        signature = verify_signature(Path(args.bundle), Path(args.trust_key))
+        signature = verify_signature(bundle, Path(args.trust_key))
         signed = f", signature verified ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})"
     else:
-        _warn_unchecked_signature(Path(args.bundle))
+        _warn_unchecked_signature(bundle)
     print(
         f"ok: {manifest.name} {manifest.version} ({manifest.task}), variants "
         f"{', '.join(v.id for v in manifest.variants)}, {len(manifest.files)} files, {size / 1e6:.1f} MB verified"
@@ -528,18 +529,26 @@ def cmd_bundle_check(args: argparse.Namespace) -> int:
     """The serving node's start-up check as a deploy job's pre-flight: verify the bundle, then
     replay its probe set through the variant (`auto`: the one a server would pick, falling back
     as it would) on this machine, and apply the variant's gate."""
-    from components.core.errors import ParityError
+    from components.core.errors import InvalidSpecError, ParityError, did_you_mean
+    from serving.bundle import read_manifest
     from serving.config import ServeConfig
     from serving.hardware import this_machine
     from serving.metrics import Metrics
     from serving.service import NodeCheckError, load_service
 
-    bundle = _existing_dir(args.bundle, "bundle")
+    bundle = _existing_dir(str(_bundle_dir(args.bundle)), "bundle")
     if args.trust_key:
         from serving.signing import verify_signature
 
         verify_signature(bundle, Path(args.trust_key))
-    config = ServeConfig(bundle=args.bundle, variant=args.variant, warmup=False, workers=1)
+    if args.variant != "auto":
+        variants = [v.id for v in read_manifest(bundle).variants]
+        if args.variant not in variants:
+            raise InvalidSpecError(
+                f"--variant {args.variant!r} is not in this bundle: give one of {', '.join(variants)}, or auto"
+                f"{did_you_mean(args.variant, variants)}"
+            )
+    config = ServeConfig(bundle=str(bundle), variant=args.variant, warmup=False, workers=1)
     print(f"machine: {this_machine().summary()}")
     try:
         service = load_service(bundle, config, Metrics())
@@ -571,7 +580,7 @@ def cmd_bundle_sign(args: argparse.Namespace) -> int:
     from serving.signing import sign_bundle
 
     password = os.environ.get(args.key_password_env) if args.key_password_env else None
-    signature = sign_bundle(Path(args.bundle), Path(args.key), password=password)
+    signature = sign_bundle(_bundle_dir(args.bundle), Path(args.key), password=password)
     print(f"signed: {signature.path} ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})")
     return 0
 
@@ -580,7 +589,7 @@ def cmd_bundle_push(args: argparse.Namespace) -> int:
     from components.core.errors import InvalidSpecError
     from serving.oci import push_bundle
 
-    bundle = Path(args.bundle)
+    bundle = _bundle_dir(args.bundle)
     if args.trust_key:
         from serving.signing import verify_signature
 
@@ -623,6 +632,21 @@ def cmd_bundle_pull(args: argparse.Namespace) -> int:
         raise
     print(f"pulled: {out} ({manifest.name} {manifest.version}) from {pinned}")
     return 0
+
+
+def _bundle_dir(value: str) -> Path:
+    """The bundle directory an argument names: the directory itself, or its manifest.json (the
+    folder holding it is meant). Any other file is refused: a bundle is a directory."""
+    from serving.bundle import MANIFEST_NAME
+
+    path = Path(value)
+    if path.name == MANIFEST_NAME and not path.is_dir():
+        return path.parent
+    if path.is_file():
+        from components.core.errors import InvalidSpecError
+
+        raise InvalidSpecError(f"{value} is a file: give the bundle directory (the folder holding {MANIFEST_NAME})")
+    return path
 
 
 def _existing_dir(value: str, what: str) -> Path:
@@ -947,9 +971,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bundle_commands(sub: Any) -> None:
     """`ortpack bundle ACTION`: one `action(...)` call per action, plus its own arguments."""
-    bundle = sub.add_parser(
-        "bundle", help="verify, sign, push and pull bundles", description="verify, sign, push and pull bundles"
-    )
+    what = "verify, check (on this machine), sign, push and pull bundles"
+    bundle = sub.add_parser("bundle", help=what, description=f"{what}: ortpack bundle ACTION --help for each")
     bsub = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
 
     def action(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
@@ -967,8 +990,9 @@ def _add_bundle_commands(sub: Any) -> None:
             "file (also ORTPACK_TRUST_KEY)",
         )
 
+    where = "bundle directory (or its manifest.json)"
     p = action("verify", cmd_bundle_verify, "check a bundle's schema version, every file's sha256, and its signature")
-    p.add_argument("bundle", help="bundle directory")
+    p.add_argument("bundle", help=where)
     trust_key(p, "fail")
 
     p = action(
@@ -976,12 +1000,19 @@ def _add_bundle_commands(sub: Any) -> None:
         cmd_bundle_check,
         "replay the bundle's probe set through a variant on this machine and apply its gate (exit 1 on a miss)",
     )
-    p.add_argument("bundle", help="bundle directory")
-    p.add_argument("--variant", default="auto", help="variant id, or auto (what a server would pick; the default)")
+    p.add_argument("bundle", help=where)
+    p.add_argument(
+        "--variant",
+        default="auto",
+        metavar="ID|auto",
+        help="the variant to replay the probe set through: one of the bundle's variant ids (e.g. cpu-int8; "
+        "`ortpack bundle verify` lists them), or auto (the default): the one a server on this machine would "
+        "pick, falling back to the next as a server would when it misses",
+    )
     trust_key(p, "fail")
 
     p = action("sign", cmd_bundle_sign, "sign every file of a bundle (OpenSSF model signing) into BUNDLE/model.sig")
-    p.add_argument("bundle", help="bundle directory (verified before signing)")
+    p.add_argument("bundle", help="bundle directory or its manifest.json (verified before signing)")
     p.add_argument("--key", required=True, metavar="KEY.pem", help="EC private key (PEM; P-256, P-384 or P-521)")
     p.add_argument(
         "--key-password-env",
@@ -990,7 +1021,7 @@ def _add_bundle_commands(sub: Any) -> None:
     )
 
     p = action("push", cmd_bundle_push, "push a bundle to an OCI registry; print its pinned oci://...@sha256: URI")
-    p.add_argument("bundle", help="bundle directory (verified before pushing)")
+    p.add_argument("bundle", help="bundle directory or its manifest.json (verified before pushing)")
     p.add_argument("reference", metavar="oci://HOST[:PORT]/REPO:TAG", help="where to push")
     p.add_argument(
         "--modelcar",

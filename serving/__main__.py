@@ -2,7 +2,8 @@
 
 Start-up problems (bad option, the port in use, unreachable or tampered bundle, a signature
 missing or not verifying with --trust-key, no variant for this hardware) print one line and exit
-2, before the model is loaded when they can be known before (the port is bound first). The HTTP
+2, before the model is loaded when they can be known before (the port is bound first). A bad or
+missing option ends with "(see ortpack-serve --help)". The HTTP
 port opens before warm-up, so liveness answers at once; readiness turns 200 when every bucket
 shape has run, and one line says what is served:
 
@@ -88,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         config = parse_config(argv)
+    except ConfigError as exc:  # a usage error: a bad or missing option, like `ortpack`'s
+        print(f"ortpack-serve: error: {exc} (see ortpack-serve --help)", file=sys.stderr)
+        return 2
+    try:
         sockets = [bind_socket(config.host, config.port, "--port")]
         if config.metrics_port:
             sockets.append(bind_socket(config.host, config.metrics_port, "--metrics-port"))

@@ -1,5 +1,6 @@
 """The HTTP application: the routes of the served task (serving/tasks/) and the shared protocol
-surfaces (serving/routes/: Open Inference Protocol v2, OpenAI model list, metrics, OpenAPI),
+surfaces (serving/routes/: Open Inference Protocol v2, OpenAI model list, the front door `GET /`,
+metrics, OpenAPI),
 each wrapped with auth, the error table and metrics (serving/http.py). Transport only: parsing,
 checking, shaping answers. Scheduling is the batcher's job; running the model is the backend's.
 
@@ -41,7 +42,7 @@ def route_specs(service: ModelService) -> list[RouteSpec]:
 
 
 def runtime_routes(runtime: TaskRuntime) -> list[RouteSpec]:
-    return [*runtime.routes(), *openai.ROUTES, *v2.ROUTES, *ops.ROUTES]
+    return [*runtime.routes(), *openai.ROUTES, *v2.routes_for(runtime.v2_inputs()[0]), *ops.ROUTES]
 
 
 def openapi_for(runtime: TaskRuntime, model_name: str) -> dict[str, Any]:

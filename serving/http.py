@@ -133,6 +133,7 @@ class RouteSpec:
     label: str = ""  # the `route` label in metrics (default: the path)
     guarded: bool = True  # needs the API key when one is set
     request_schema: str | None = None  # a components/schemas name, JSON body
+    request_example: dict[str, Any] | None = None  # a JSON body that works (/docs and OpenAPI show it)
     request_media: tuple[str, ...] = ()  # other request media types (raw image bytes)
     response_schema: str | None = None
     errors: tuple[int, ...] = ()
@@ -158,6 +159,8 @@ class RouteSpec:
         content: dict[str, Any] = {}
         if self.request_schema:
             content[JSON] = {"schema": {"$ref": f"#/components/schemas/{self.request_schema}"}}
+            if self.request_example is not None:
+                content[JSON]["example"] = self.request_example
         for media in self.request_media:
             content[media] = {"schema": {"type": "string", "format": "binary"}}
         if content:

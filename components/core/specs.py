@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from components.core.errors import InvalidSpecError
+from components.core.errors import InvalidSpecError, and_list, did_you_mean
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 
@@ -56,7 +56,13 @@ def get_target(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise InvalidSpecError(f"unknown target {name!r} (known: {', '.join(TARGETS)})") from None
+        raise InvalidSpecError(
+            f"unknown target {name!r} (known: {', '.join(TARGETS)}){did_you_mean(name, TARGETS)}"
+        ) from None
+
+
+def unknown_precision(name: str) -> str:
+    return f"unknown precision {name!r} (known: {', '.join(PRECISIONS)}){did_you_mean(name, PRECISIONS)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +75,7 @@ class VariantSpec:
     def __post_init__(self) -> None:
         preset = get_target(self.target)
         if self.precision not in PRECISIONS:
-            raise InvalidSpecError(f"unknown precision {self.precision!r} (known: {', '.join(PRECISIONS)})")
+            raise InvalidSpecError(unknown_precision(self.precision))
         if self.precision not in preset.precisions:
             raise InvalidSpecError(
                 f"precision {self.precision!r} is not supported on target {self.target!r} "
@@ -91,7 +97,7 @@ def variant_grid(targets: list[str], precisions: list[str]) -> list[VariantSpec]
         get_target(name)
     for p in precisions:
         if p not in PRECISIONS:
-            raise InvalidSpecError(f"unknown precision {p!r} (known: {', '.join(PRECISIONS)})")
+            raise InvalidSpecError(unknown_precision(p))
     variants = [
         VariantSpec(target=t, precision=p)
         for t in dict.fromkeys(targets)
@@ -157,8 +163,9 @@ class ExportSpec:
         given = [f.name for f in fields(self) if f.name in _TASK_OPTIONS and getattr(self, f.name) is not None]
         foreign = [name for name in given if name not in family.options]
         if foreign:
-            flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
-            raise InvalidSpecError(f"{flags} do(es) not apply to task {self.task!r}")
+            flags = and_list(["--" + name.replace("_", "-") for name in foreign])
+            verb = "does" if len(foreign) == 1 else "do"
+            raise InvalidSpecError(f"{flags} {verb} not apply to task {self.task!r}")
         if not _NAME.match(self.name):
             raise InvalidSpecError(f"invalid bundle name {self.name!r}: use letters, digits, '.', '_' and '-'")
         if self.max_length is not None and not 1 < self.max_length <= 8192:
@@ -211,7 +218,9 @@ class ParityThresholds:
         known = {f.name for f in fields(self)}
         for key in overrides:
             if key not in known:
-                raise InvalidSpecError(f"unknown threshold {key!r} (known: {', '.join(sorted(known))})")
+                raise InvalidSpecError(
+                    f"unknown threshold {key!r} (known: {', '.join(sorted(known))}){did_you_mean(key, known)}"
+                )
         return replace(self, **overrides)
 
 
@@ -235,7 +244,9 @@ def parse_threshold_overrides(items: list[str]) -> dict[str, dict[str, float]]:
         precision, dot, name = key.strip().rpartition(".")
         precision = precision if dot else "*"
         if precision != "*" and precision not in PRECISIONS:
-            raise InvalidSpecError(f"unknown precision {precision!r} in threshold override {item!r}")
+            raise InvalidSpecError(
+                f"unknown precision {precision!r} in threshold override {item!r}{did_you_mean(precision, PRECISIONS)}"
+            )
         try:
             value = float(raw)
         except ValueError:

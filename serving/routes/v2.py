@@ -4,6 +4,7 @@ and readiness, and inference on the task's one input tensor. The task says what 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -128,6 +129,7 @@ def _versions(spec: RouteSpec, suffix: str) -> RouteSpec:
         operation_id=f"{spec.operation_id}Version",
         label=spec.path,
         request_schema=spec.request_schema,
+        request_example=spec.request_example,
         response_schema=spec.response_schema,
         errors=spec.errors,
     )
@@ -188,6 +190,30 @@ ROUTES = [
     _versions(_MODEL_READY, "/ready"),
     _versions(_INFER, "/infer"),
 ]
+
+# What an example tensor holds: texts for BYTES inputs (a query and a passage, so pairs work too).
+_EXAMPLE_TEXTS = ["What is ONNX?", "ONNX is an open format for machine learning models."]
+
+
+def infer_example(tensor: dict[str, Any]) -> dict[str, Any]:
+    """An inference request that works for the task's input tensor (`TaskRuntime.v2_inputs()[0]`):
+    one item, every other free dimension 2 (a 2x2 image), texts for BYTES and small integers
+    otherwise."""
+    shape = [1] + [2 if d < 0 else int(d) for d in tensor["shape"][1:]]
+    count = int(np.prod(shape))
+    data: list[Any] = (
+        [_EXAMPLE_TEXTS[i % 2] for i in range(count)]
+        if tensor["datatype"] == "BYTES"
+        else [(i * 40) % 256 for i in range(count)]
+    )
+    return {"inputs": [{"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"], "data": data}]}
+
+
+def routes_for(tensor: dict[str, Any]) -> list[RouteSpec]:
+    """`ROUTES`, the inference routes with an example request for this input tensor."""
+    example = infer_example(tensor)
+    return [dataclasses.replace(r, request_example=example) if r.request_schema else r for r in ROUTES]
+
 
 SCHEMAS: dict[str, Any] = {
     "InferTensor": {

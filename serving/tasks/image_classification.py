@@ -160,6 +160,7 @@ class ImageClassificationRuntime:
                 summary="Classify images sent as base64 in JSON",
                 operation_id="classifyImagesJson",
                 request_schema="ClassifyJsonRequest",
+                request_example={"image": EXAMPLE_PNG},
                 response_schema="Classification",
                 errors=errors,
             ),
@@ -252,6 +253,10 @@ def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
     return prepare
 
 
+# An 8x8 PNG, base64: the example request of /v1/classify/json (any JPEG, PNG or WebP works).
+EXAMPLE_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAGUlEQVR42mNkYGhQYGDARCwMCgxYweCUAABobwJednxjlwAAAABJRU5ErkJggg=="
+)
 _PREDICTION = {
     "type": "object",
     "properties": {"label": {"type": "string"}, "index": {"type": "integer"}, "probability": {"type": "number"}},

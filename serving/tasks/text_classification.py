@@ -100,6 +100,11 @@ class TextClassificationRuntime:
                     summary="Rerank documents for a query (cross-encoder; Cohere/Jina/TEI-style answer)",
                     operation_id="rerank",
                     request_schema="RerankRequest",
+                    request_example={
+                        "query": "What is ONNX?",
+                        "documents": ["ONNX is an open format for machine learning models.", "Paris is in France."],
+                        "top_n": 2,
+                    },
                     response_schema="RerankResponse",
                     errors=errors,
                 )
@@ -112,6 +117,7 @@ class TextClassificationRuntime:
                 summary="Classify texts: labels with probabilities, best first",
                 operation_id="classifyText",
                 request_schema="TextClassifyRequest",
+                request_example={"input": ["I loved this film.", "The plot made no sense."]},
                 response_schema="TextClassification",
                 errors=errors,
             )

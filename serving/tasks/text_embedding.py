@@ -71,6 +71,7 @@ class TextEmbeddingRuntime:
                 summary="Embed texts (OpenAI-compatible)",
                 operation_id="createEmbeddings",
                 request_schema="EmbeddingsRequest",
+                request_example={"input": ["The quick brown fox jumps over the lazy dog.", "A second sentence."]},
                 response_schema="EmbeddingsResponse",
                 errors=(400, 404, 413, 415, 429, 503, 504),
             )

@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.core.errors import InvalidSpecError
+from components.core.errors import InvalidSpecError, did_you_mean
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,7 +88,9 @@ def get_family(task: str) -> TaskFamily:
     try:
         return families[task]
     except KeyError:
-        raise InvalidSpecError(f"unknown task {task!r} (known: {', '.join(families)})") from None
+        raise InvalidSpecError(
+            f"unknown task {task!r} (known: {', '.join(families)}){did_you_mean(task, families)}"
+        ) from None
 
 
 def task_names() -> tuple[str, ...]:
