@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image serve images test-images
+.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image serve images test-images report-shots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,14 @@ bench-serve: $(STAMP)
 bench-image: $(STAMP)
 	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
 	$(PY) bench/image_serve.py
+
+# Screenshots of report.html's first screen in headless Chromium (apt-installed when missing), to
+# look at the report as a browser shows it: by default reports rendered from a real build's step
+# records (tests/report_shots.py), or REPORT=path/to/report.html. Written to build/report-shots/.
+report-shots: $(STAMP)
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		(apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium))
+	$(PY) -m tests.report_shots $(if $(REPORT),--report $(REPORT)) --out build/report-shots
 
 # Serve the bundle from `make run` on 127.0.0.1:8080 (ORTPACK_* variables configure it).
 serve: $(STAMP)

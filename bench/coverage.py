@@ -40,6 +40,14 @@ SHAPE = "b1_s16"
 REFUSED = ("t5", "bart", "gpt2", "made_up_encoder")
 
 
+def _load_stats(measurements: Any) -> dict[str, float]:
+    """`load_*` of the most loaded of these measurements (timing.LoadRecord); {} if none recorded."""
+    from components.core.timing import load_of
+
+    load = load_of(measurements)
+    return load.as_stats() if load else {}
+
+
 def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[str, Any]:
     """Export `model_dir`, then build, validate and benchmark cpu fp32 and int8; one record."""
     from components.core.artifacts import ExportResult
@@ -66,6 +74,7 @@ def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[
         reference_spread=export.metrics.get("reference_spread"),
         torch_p50_ms=export.torch_latency[SHAPE]["p50_ms"],
         torch_p50_ms_by_shape={shape: stats["p50_ms"] for shape, stats in export.torch_latency.items()},
+        torch_load=_load_stats(export.torch_latency.values()),
     )
     variants: dict[str, Any] = {}
     for precision in ("fp32", "int8"):
@@ -91,6 +100,7 @@ def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[
             record["p50_ms"] = bench.shapes[SHAPE]["p50_ms"]
             record["speedup_vs_torch"] = bench.speedup_vs_torch.get(SHAPE)
             record["p50_ms_by_shape"] = {shape: stats["p50_ms"] for shape, stats in bench.shapes.items()}
+            record.update(_load_stats(bench.shapes.values()))
         variants[precision] = record
     row["variants"] = variants
     row["builds"] = "error" not in variants.get("fp32", {"error": ""}) and bool(variants["fp32"].get("passed"))
@@ -161,7 +171,8 @@ def _fmt_gate(v: dict[str, Any], precision: str) -> str:
 def _fmt_latency(v: dict[str, Any]) -> str:
     if "p50_ms" not in v:
         return "-"
-    return f"{v['p50_ms']:.2f} ({v['speedup_vs_torch']:.1f}x)"
+    loaded = " LOADED" if v.get("load_contaminated") else ""  # over one other runnable task per core
+    return f"{v['p50_ms']:.2f} ({v['speedup_vs_torch']:.1f}x){loaded}"
 
 
 def markdown(rows: dict[str, dict[str, Any]]) -> str:
@@ -186,7 +197,8 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
         builds = "yes" if row["builds"] else "**no**"
         lines.append(
             f"| {name} | {builds} | {row['exporter']} | {nodes} | {fp32.get('fuser', '-')} "
-            f"| {fusions} | {_fmt_gate(fp32, 'fp32')} | {_fmt_gate(int8, 'int8')} | {row['torch_p50_ms']:.2f} "
+            f"| {fusions} | {_fmt_gate(fp32, 'fp32')} | {_fmt_gate(int8, 'int8')} | {row['torch_p50_ms']:.2f}"
+            f"{' LOADED' if row.get('torch_load', {}).get('load_contaminated') else ''} "
             f"| {_fmt_latency(fp32)} | {_fmt_latency(int8)} |"
         )
     return "\n".join(lines) + "\n"

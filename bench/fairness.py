@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.serve_load import QUERIES, free_port, started_server  # noqa: E402
+from components.core.timing import LoadWatch  # noqa: E402
 
 BIG_ITEMS = 300
 TEXT_BYTES = 4096
@@ -113,17 +114,20 @@ def main() -> int:
     ):
         for _ in range(3):  # warm the tokenizer and every shape this load touches
             httpx.post(f"{url}/v1/embeddings", json={"input": queries[:8]}, timeout=60)
-        result = measure(url, queries, args.rounds)
+        with LoadWatch() as load:
+            result = measure(url, queries, args.rounds)
     print(f"| run | probes | probe p50 ms | probe p99 ms | probe max ms | {BIG_ITEMS} x 4 KB request s | errors |")
     print("|---|---|---|---|---|---|---|")
     print(
         f"| {args.label} | {result['probes']} | {result['probe_p50_ms']:.1f} | {result['probe_p99_ms']:.1f} | "
         f"{result['probe_max_ms']:.1f} | {result['big_request_s']:.2f} | {result['errors']} |"
     )
+    print(load.record.describe())
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.exists() else {}
     saved[args.label] = {
         **result,
+        **load.record.as_stats(),  # load_*: the load before and after the rounds (timing.LoadRecord)
         "bundle": args.bundle,
         "rounds": args.rounds,
         "machine": platform.processor() or platform.machine(),

@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--skip-component", action="store_true", help="do not size the component image (~2 min)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "images.json"))
     args = parser.parse_args()
+    from components.core.timing import LoadWatch
     from serving import __version__
     from serving.hardware import this_machine
 
@@ -139,8 +140,9 @@ def main() -> int:
     sizes = {"serve": image_sizes(args.engine, serve)}
     if not args.skip_component:
         sizes["component"] = image_sizes(args.engine, component)
-    container = [container_cold_start(args.engine, serve, bundle) for _ in range(args.runs)]
-    host = [host_cold_start(bundle) for _ in range(args.runs)]
+    with LoadWatch() as load:
+        container = [container_cold_start(args.engine, serve, bundle) for _ in range(args.runs)]
+        host = [host_cold_start(bundle) for _ in range(args.runs)]
 
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
@@ -152,7 +154,7 @@ def main() -> int:
     returned, ready = median([c["run_returned_s"] for c in container]), median([c["ready_s"] for c in container])
     own = median([c["server_says_s"] for c in container])
     print(f"  container: `run` returned {returned:.2f} s, ready {ready:.2f} s (the server's own count: {own:.2f} s)")
-    print(f"  host process: ready {median(host):.2f} s")
+    print(f"  host process: ready {median(host):.2f} s; {load.record.describe()}")
     result: dict[str, Any] = {
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": this_machine().as_dict(),
@@ -160,7 +162,7 @@ def main() -> int:
         "engine": args.engine,
         "bundle": str(bundle),
         "sizes": sizes,
-        "cold_start": {"container": container, "host_ready_s": host},
+        "cold_start": {"container": container, "host_ready_s": host, **load.record.as_stats()},
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -1,11 +1,16 @@
-"""PyTorch eager vs every variant of a text bundle: latency and peak memory, each in its own process.
+"""PyTorch eager vs every variant of a text bundle: latency and peak memory, each in its own process,
+timed in alternate rounds.
 
     python bench/model_latency.py [--bundle dist/all-MiniLM-L6-v2] [--model all-MiniLM-L6-v2]
 
 Shapes: batch 1 x 16 tokens and batch 16 x 128 tokens (random token ids, full attention mask).
 PyTorch runs the Hugging Face model with its default attention implementation plus the same
 pooling module the export uses, under `torch.inference_mode()`; each variant runs in ONNX Runtime
-the way the server loads it. Prints a table and writes bench/results/model_latency.json.
+the way the server loads it. Every engine lives in its own worker process (its peak RSS is its
+own); the parent asks them for one timed call each in turn, round after round
+(components/core/timing.py `measure_interleaved`), so load that comes and goes hits all engines
+alike, and records the load before and after each shape. Prints a table and writes
+bench/results/model_latency.json.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import platform
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,69 +38,152 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def worker_torch(model: str, input_names: list[str], vocab_size: int, budget: float) -> dict:
+def torch_engine(model: str, input_names: list[str], vocab_size: int) -> tuple[dict[str, Callable[[], object]], dict]:
+    """Per shape, one PyTorch call, and what to report about the engine."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
     from transformers import AutoModel
 
     from components.core.exporters.text_embedding import Pooling, SentenceEmbedding, read_pooling_config
     from components.core.sources import resolve_model_source
-    from components.core.timing import measure_latency, synthetic_text_batch
+    from components.core.timing import synthetic_text_batch
 
     source, _ = resolve_model_source(model, "text-embedding")
     pooling = read_pooling_config(Path(source))
     encoder = AutoModel.from_pretrained(source, local_files_only=True).eval()
     module = SentenceEmbedding(encoder, Pooling(pooling["mode"], pooling["normalize"]), tuple(input_names)).eval()
-    out = {}
-    with torch.inference_mode():
-        for key, (b, s) in SHAPES.items():
-            feeds = synthetic_text_batch(b, s, input_names, vocab_size=vocab_size)
-            out[key] = measure_latency(
-                partial(module, *[torch.from_numpy(feeds[n]) for n in input_names]), budget_s=budget
-            )
-    return {"shapes": out, "peak_rss_mb": _peak_rss_mb(), "threads": torch.get_num_threads()}
+    calls = {}
+    for key, (b, s) in SHAPES.items():
+        feeds = synthetic_text_batch(b, s, input_names, vocab_size=vocab_size)
+        calls[key] = torch.inference_mode()(partial(module, *[torch.from_numpy(feeds[n]) for n in input_names]))
+    return calls, {"threads": torch.get_num_threads()}
 
 
-def worker_variant(bundle: str, variant_id: str, input_names: list[str], vocab_size: int, budget: float) -> dict:
-    from components.core.timing import measure_latency, synthetic_text_batch
+def variant_engine(
+    bundle: str, variant_id: str, input_names: list[str], vocab_size: int
+) -> tuple[dict[str, Callable[[], object]], dict]:
+    """Per shape, one call of the variant's ORT session (loaded as the server loads it)."""
+    from components.core.timing import synthetic_text_batch
     from serving.bundle import read_manifest
     from serving.runtime import create_session, plan_for
 
     manifest = read_manifest(Path(bundle))
     variant = manifest.variant(variant_id)
-    plan = plan_for(variant)
-    session = create_session(Path(bundle) / variant.file, plan)
-    out = {}
+    session = create_session(Path(bundle) / variant.file, plan_for(variant))
+    calls = {}
     for key, (b, s) in SHAPES.items():
         feeds = synthetic_text_batch(b, s, input_names, vocab_size=vocab_size)
-        out[key] = measure_latency(partial(session.run, None, feeds), budget_s=budget)
-    return {"shapes": out, "peak_rss_mb": _peak_rss_mb(), "providers": session.get_providers()}
+        calls[key] = partial(session.run, None, feeds)
+    return calls, {"providers": session.get_providers()}
 
 
-def _run_worker(args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark worker {args[:2]} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def serve_worker(calls: dict[str, Callable[[], object]], about: dict, requests: IO[str], replies: IO[str]) -> None:
+    """Answer `call <shape>` with that call's milliseconds, and `done` with the engine's facts."""
+    from components.core.timing import timed
+
+    timers = {key: timed(call) for key, call in calls.items()}
+    print("ready", file=replies, flush=True)
+    for line in requests:
+        command, _, shape = line.strip().partition(" ")
+        if command == "call":
+            print(timers[shape](), file=replies, flush=True)
+        elif command == "done":
+            print(json.dumps({**about, "peak_rss_mb": _peak_rss_mb()}), file=replies, flush=True)
+            return
+
+
+class Worker:
+    """One engine in its own process, timed a call at a time."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._ask(None, expect="ready")
+
+    def _ask(self, command: str | None, expect: str | None = None) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if command is not None:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().strip()
+        if not answer or (expect is not None and answer != expect):
+            raise SystemExit(f"benchmark worker {self.args[:2]} failed (exit {self.proc.wait()}); see its stderr above")
+        return answer
+
+    def timer(self, shape: str) -> Callable[[], float]:
+        return lambda: float(self._ask(f"call {shape}"))
+
+    def finish(self) -> dict[str, Any]:
+        about = json.loads(self._ask("done"))
+        self.proc.wait()
+        return about
+
+
+def measure(workers: dict[str, Worker], budget: float) -> dict[str, dict[str, Any]]:
+    """Per engine, per shape: its latency stats and the load of that shape's rounds; then its facts."""
+    from components.core.timing import measure_interleaved
+
+    engines: dict[str, dict[str, Any]] = {name: {"shapes": {}} for name in workers}
+    for key in SHAPES:
+        stats = measure_interleaved({name: w.timer(key) for name, w in workers.items()}, budget_s=budget)
+        for name in workers:
+            engines[name]["shapes"][key] = stats[name]
+    for name, worker in workers.items():
+        engines[name].update(worker.finish())
+    return engines
+
+
+def print_table(name: str, engines: dict[str, dict[str, Any]]) -> None:
+    from components.core.timing import load_of
+
+    base = engines["pytorch"]["shapes"]
+    rows = [("engine", *(f"{k} p50 / p95 ms" for k in SHAPES), *(f"{k} vs torch" for k in SHAPES), "peak RSS MB")]
+    for engine, result in engines.items():
+        s = result["shapes"]
+        rows.append(
+            (
+                engine,
+                *(f"{s[k]['p50_ms']:.2f} / {s[k]['p95_ms']:.2f}" for k in SHAPES),
+                *(f"{base[k]['p50_ms'] / s[k]['p50_ms']:.1f}x" for k in SHAPES),
+                f"{result['peak_rss_mb']:.0f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"model latency: {name}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows[1:]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+    worst = load_of(base.values())
+    if worst is not None:
+        print(f"engines timed in alternate rounds; {worst.describe()}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"), help="bundle to measure")
     parser.add_argument("--model", default="all-MiniLM-L6-v2", help="the PyTorch model the bundle came from")
-    parser.add_argument("--budget", type=float, default=4.0, help="seconds of timed calls per shape (min 10 calls)")
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds of timed calls per shape and engine")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "model_latency.json"), help="JSON output")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
+        # the protocol keeps stdout to itself: anything else printed there (a library's notice) goes to stderr
+        replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         kind, target, names, vocab = args.worker
         input_names = names.split(",")
         if kind == "torch":
-            result = worker_torch(target, input_names, int(vocab), args.budget)
+            calls, about = torch_engine(target, input_names, int(vocab))
         else:
-            result = worker_variant(args.bundle, target, input_names, int(vocab), args.budget)
-        print(json.dumps(result))
+            calls, about = variant_engine(args.bundle, target, input_names, int(vocab))
+        serve_worker(calls, about, sys.stdin, replies)
         return 0
 
     from serving.bundle import verify_bundle
@@ -102,28 +192,11 @@ def main() -> int:
     assert manifest.tokenizer is not None, "bench/model_latency.py measures text bundles"
     names = ",".join(manifest.tokenizer.model_input_names)
     vocab = "30000"  # random ids in [1000, 30000) exist in every BERT-family vocabulary we ship
-    engines = {"pytorch": _run_worker(["torch", args.model, names, vocab])}
+    workers = {"pytorch": Worker(["torch", args.model, names, vocab, "--bundle", args.bundle])}
     for variant in manifest.variants:
-        engines[variant.id] = _run_worker(["variant", variant.id, names, vocab])
-
-    base = engines["pytorch"]["shapes"]
-    rows = [("engine", *(f"{k} p50 / p95 ms" for k in SHAPES), *(f"{k} vs torch" for k in SHAPES), "peak RSS MB")]
-    for name, result in engines.items():
-        s = result["shapes"]
-        rows.append(
-            (
-                name,
-                *(f"{s[k]['p50_ms']:.2f} / {s[k]['p95_ms']:.2f}" for k in SHAPES),
-                *(f"{base[k]['p50_ms'] / s[k]['p50_ms']:.1f}x" for k in SHAPES),
-                f"{result['peak_rss_mb']:.0f}",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print(f"model latency: {manifest.name}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
-    print("| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows[1:]:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+        workers[variant.id] = Worker(["variant", variant.id, names, vocab, "--bundle", args.bundle])
+    engines = measure(workers, args.budget)
+    print_table(manifest.name, engines)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +206,7 @@ def main() -> int:
                 "bundle": manifest.name,
                 "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "cpu_count": os.cpu_count(),
+                "interleaved": True,  # per shape, engines timed in alternate rounds; load_* per shape
                 "versions": manifest.versions,
                 "engines": engines,
             },

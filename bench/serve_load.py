@@ -38,6 +38,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from components.core.timing import LoadRecord, LoadWatch  # noqa: E402
+
 LUA = ROOT / "bench" / "wrk" / "post_bodies.lua"
 QUERIES = ROOT / "bench" / "data" / "queries.jsonl"
 WORKLOADS = [("1 sentence", 1, 1), ("1 sentence", 8, 1), ("1 sentence", 32, 1), ("16 sentences", 8, 16)]
@@ -140,13 +142,14 @@ def run_wrk_script(
     sampler.start()
     cpu0 = cpu_seconds(proc)
     command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s"]
-    out = subprocess.run(
-        [*command, "-s", str(lua), f"{url}{path}"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        check=True,
-    ).stdout
+    with LoadWatch() as load:
+        out = subprocess.run(
+            [*command, "-s", str(lua), f"{url}{path}"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            check=True,
+        ).stdout
     cpu1 = cpu_seconds(proc)
     stop.set()
     sampler.join()
@@ -163,6 +166,7 @@ def run_wrk_script(
         "peak_rss_mb": peak[0],
         "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / requests,
         "requests": stats["requests"],
+        **load.record.as_stats(),  # load_*: the load before and after the run (timing.LoadRecord)
     }
 
 
@@ -201,10 +205,18 @@ def started_server(
             proc.kill()
 
 
+def load_cell(result: dict[str, Any]) -> str:
+    """The load a run was measured under, for a table cell (`-`: not recorded)."""
+    load = LoadRecord.from_stats(result)
+    return load.short() if load else "-"
+
+
 def print_run(label: str, result: dict[str, Any]) -> None:
+    load = LoadRecord.from_stats(result)
     print(
         f"  {label}: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
-        f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}",
+        f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}"
+        + (f" ({load.describe()})" if load and load.contaminated else ""),
         flush=True,
     )
 
@@ -399,7 +411,9 @@ def main() -> int:
             command, env = server_commands(bundle, port)[name]
             results["servers"].append(bench_server(name, command, env, port, bodies, args.seconds))
     print("offline bound and layer costs ...", flush=True)
-    results["offline_bound_sentences_per_s"] = offline_bound(bundle)
+    with LoadWatch() as load:
+        results["offline_bound_sentences_per_s"] = offline_bound(bundle)
+    results["offline_bound_load"] = load.record.as_stats()
     results["layer_cpu_us_per_request"] = layer_costs(bundle, http_only_cpu(bundle, 5))
 
     rows = [
@@ -414,6 +428,7 @@ def main() -> int:
             "errors",
             "peak RSS MB",
             "CPU ms/req",
+            "load",
         ]
     ]
     for server in results["servers"]:
@@ -430,6 +445,7 @@ def main() -> int:
                     str(r["errors"]),
                     f"{r['peak_rss_mb']:.0f}",
                     f"{r['cpu_ms_per_request']:.2f}",
+                    load_cell(r),
                 ]
             )
     print(f"\nserving {manifest.name}, {os.cpu_count()} cores, {args.seconds:.0f} s per run")
@@ -455,6 +471,7 @@ def main() -> int:
     print(
         f"\noffline bound ({manifest.name}, 2 callers x 1 thread): "
         + ", ".join(f"{k.replace('_', ' ')}: {v:.0f} sentences/s" for k, v in bound.items())
+        + f"; {load.record.describe()}"
     )
     print(
         "\n"

@@ -1,28 +1,379 @@
 """The human report of a build: a self-contained `report.html` (inline PNG plots, no network),
 a Markdown summary for KFP, and the plain-text table the CLI prints. All three read the same
-step records, so they always agree."""
+step records, so they always agree.
+
+The report opens with the verdict: the variant a server on this build's machine picks (the
+server's own ranking, `serving.service.rank_variants`), the alternatives and why not, the accuracy
+cost of each in its gate's own metrics, where the gate ran, and whether the timings were taken
+under load (components/core/timing.py)."""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from components.core.artifacts import ExportResult, VariantRecord
+from components.core.artifacts import ExportResult, ParityReport, VariantRecord
+from components.core.errors import and_list
 from components.core.tasks import ReportSpec, get_family
+from components.core.timing import LoadRecord, load_of, worst_load
 from serving.gates import GATES, margins
+from serving.hardware import HardwareInfo
+
+if TYPE_CHECKING:
+    from serving.bundle import Variant
 
 Row = tuple[str, ...]
 _COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
+CPU_PROVIDER = "CPUExecutionProvider"
+# The x86-64 level every CPU that serves int8 has; a build machine with more may not be evidence there.
+BASELINE_FEATURES = ("avx2", "fma", "f16c")
+
+# ---------------------------------------------------------------------------- numbers
+
+
+def format_ms(ms: float) -> str:
+    """Latency with 3 significant digits: `3.35 ms`, `591 ms`, `8.27 s`."""
+    return f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
+
+
+def format_ratio(ratio: float) -> str:
+    """A speed-up: `4.1×`, `12×`."""
+    return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:.0f}×"
+
+
+def _decimals(limit: float) -> int:
+    text = f"{limit:.10f}".rstrip("0")
+    return len(text.split(".")[1])
+
+
+def format_metric(name: str, value: float, limit: float | None = None) -> str:
+    """A parity number at the precision its kind needs: cosines 4 decimals, agreements 3, abs
+    differences 2 significant digits; never fewer decimals than the gate's `limit` has, and more
+    where rounding would make a value look equal to its limit."""
+    kind = name.rsplit(".", 1)[-1]
+    places = 4 if "cosine" in kind else 3 if "agreement" in kind else None
+    if places is None:
+        return f"{value:.2g}" if "diff" in kind else f"{value:.4g}"
+    if limit is not None:
+        places = max(places, _decimals(limit))
+        if f"{value:.{places}f}" == f"{limit:.{places}f}" and value != limit:
+            places += 3
+    return f"{value:.{places}f}"
+
+
+def metric_label(name: str) -> str:
+    """`min_cosine` -> `min cosine`, `b32.neighbour_agreement` -> `b32 neighbour agreement`."""
+    return name.replace("_", " ").replace(".", " ")
+
+
+def shape_label(shape: str) -> str:
+    """`b1_s16` -> `batch 1 × 16 tokens`, `b8_480x640` -> `batch 8 × 480x640`."""
+    match = re.fullmatch(r"b(\d+)_(?:s(\d+)|(.+))", shape)
+    if match is None:
+        return shape
+    batch, tokens, other = match.groups()
+    return f"batch {batch} × {f'{tokens} tokens' if tokens else other}"
+
+
+# ---------------------------------------------------------------------------- gates
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedMetric:
+    """One number the gate checks: its value, the comparison, the limit and the margin to it
+    (`serving.gates.margins`: negative is a miss)."""
+
+    name: str
+    value: float
+    op: str
+    limit: float
+    margin: float
+
+    @property
+    def passed(self) -> bool:
+        return self.margin >= 0  # False for NaN, as the gate says
+
+    @property
+    def threshold(self) -> str:
+        """`≥ 0.9`."""
+        return f"{'≤' if self.op == '<=' else '≥'} {self.limit:g}"
+
+    def describe(self) -> str:
+        """`min cosine 0.9492 (gate ≥ 0.9)`."""
+        return f"{metric_label(self.name)} {format_metric(self.name, self.value, self.limit)} (gate {self.threshold})"
+
+
+def gated_metrics(parity: ParityReport) -> list[GatedMetric]:
+    """The metrics this variant's gate checks (a threshold is set and the value was measured), in
+    the gate's order (serving/gates.py); every other value is a diagnostic."""
+    out = []
+    for metric, margin in margins(parity.values, parity.thresholds).items():
+        op, field = GATES[metric]
+        value, limit = float(parity.values[metric]), float(parity.thresholds[field])
+        out.append(GatedMetric(name=metric, value=value, op=op, limit=limit, margin=margin))
+    return out
+
+
+def miss_reason(parity: ParityReport) -> str:
+    """`missed its gate on min cosine and neighbour agreement; its probe set missed too`: the
+    numbers are in the accuracy column; misses that are not a gated number are quoted."""
+    checked = gated_metrics(parity)
+    missed = [metric_label(m.name) for m in checked if not m.passed]
+    other = [x for x in parity.misses if not any(x.startswith(f"{m.name} ") for m in checked)]
+    probe = [x for x in other if x.startswith("probe set")]
+    parts = [f"missed its gate on {and_list(missed)}"] if missed else ["missed its gate"]
+    parts += [x for x in other if x not in probe]
+    if probe:
+        parts.append("its probe set missed too")
+    return "; ".join(parts)
+
+
+def accuracy_cost(rec: VariantRecord, sep: str = "; ") -> str:
+    """The variant's distance from PyTorch in its gate's own metrics."""
+    return sep.join(m.describe() for m in gated_metrics(rec.parity)) or "no gated metric"
+
+
+# ---------------------------------------------------------------------------- load
+
+
+def engine_loads(export: ExportResult, records: Sequence[VariantRecord]) -> dict[str, LoadRecord | None]:
+    """Per engine (pytorch, then each measured variant), the worst load of its measurements."""
+    out = {"pytorch": load_of(export.torch_latency.values())}
+    for rec in records:
+        if rec.benchmark:
+            out[rec.variant_id] = load_of(rec.benchmark.shapes.values())
+    return out
+
+
+def load_cell(load: LoadRecord | None) -> str:
+    """`0.4/core`, `3.1/core LOADED`, or `-` when not recorded."""
+    return load.short() if load else "-"
+
+
+def load_verdict(export: ExportResult, records: Sequence[VariantRecord]) -> tuple[str, bool]:
+    """One sentence on the load the timings ran under, and whether any was contaminated."""
+    loads = engine_loads(export, records)
+    contaminated = [name for name, load in loads.items() if load is not None and load.contaminated]
+    worst = worst_load(loads.values())
+    if worst is None:
+        bench = next((r.benchmark for r in records if r.benchmark and r.benchmark.load_average is not None), None)
+        average = f" (1-minute load average {bench.load_average:.2f})" if bench and bench.load_average else ""
+        return f"Load was not recorded per measurement{average}.", False
+    if contaminated:
+        return f"{worst.describe().capitalize()} ({', '.join(contaminated)}).", True
+    return f"{worst.describe().capitalize()}.", False
+
+
+def measured_under(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    """The CPU and load the latencies were measured under (a shared machine drifts)."""
+    bench = next((r.benchmark for r in records if r.benchmark and r.benchmark.hardware), None)
+    if bench is None:
+        return "No variant was benchmarked."
+    hw = bench.hardware
+    threads = "one ONNX Runtime thread per core" if not bench.threads else f"{bench.threads} ONNX Runtime threads"
+    interleaved = all("torch_p50_ms" in s for r in records if r.benchmark for s in r.benchmark.shapes.values())
+    torch = (
+        "PyTorch timed in alternate rounds with each variant"
+        if interleaved
+        else "PyTorch timed at export, not alongside the variants"
+    )
+    return (
+        f"Latency measured on {hw['cpu_model']} ({hw['int8_kernel']} int8 kernels, {hw['cores']} cores, "
+        f"{threads}); {torch}. Compare ratios within one build, not across machines."
+    )
+
+
+def load_line(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    """The load sentence on its own line, a warning when any timing was contaminated."""
+    text, loaded = load_verdict(export, records)
+    return f"WARNING: {text}" if loaded else text
+
+
+# ---------------------------------------------------------------------------- the serving choice
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alternative:
+    """A variant the server does not pick first, and why."""
+
+    record: VariantRecord
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingChoice:
+    """What `--variant auto` serves on one kind of machine, why, and why not each other variant."""
+
+    where: str
+    chosen: VariantRecord | None
+    why: str
+    alternatives: tuple[Alternative, ...]
+
+
+def _hardware(recorded: dict[str, Any]) -> HardwareInfo:
+    fields = {k: v for k, v in recorded.items() if k != "int8_kernel"}
+    return HardwareInfo(**fields | {"features": tuple(recorded["features"])})
+
+
+def _as_variants(records: Sequence[VariantRecord]) -> list[Variant]:
+    """The manifest entries the package step writes for these (passed) variants."""
+    from components.core.package import variant_record
+    from serving.bundle import Variant
+
+    return [Variant.model_validate(variant_record(r.built, r.parity, r.benchmark)) for r in records]
+
+
+def _ranked_by_speed(candidates: Sequence[Variant], hardware: HardwareInfo) -> bool:
+    """True when the server ranks these by their benchmark: each was measured on this kind of CPU."""
+    from serving.service import _measured_p50
+
+    return all(_measured_p50(v, hardware) is not None for v in candidates)
+
+
+def _p50(rec: VariantRecord, shape: str) -> str:
+    return format_ms(rec.benchmark.shapes[shape]["p50_ms"]) if rec.benchmark and shape in rec.benchmark.shapes else "-"
+
+
+def _speed(rec: VariantRecord, shape: str) -> str:
+    """`3.35 ms at batch 1 × 16 tokens, 7.1× PyTorch`."""
+    ratio = rec.benchmark.speedup_vs_torch.get(shape) if rec.benchmark else None
+    return f"{_p50(rec, shape)} at {shape_label(shape)}" + (f", {format_ratio(ratio)} PyTorch" if ratio else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ranking:
+    """The server's order over the passed variants on one machine, and what it ranked them by."""
+
+    order: list[Variant]
+    chosen: VariantRecord | None
+    by_speed: bool  # by this build's benchmark (measured on this kind of CPU), else by preference
+    shape: str  # the benchmark shape the server compares: the first
+
+    @property
+    def preference(self) -> str:
+        from serving.service import PREFERENCE
+
+        return ", then ".join(PREFERENCE[self.order[0].target]) if self.order else ""
+
+    def why(self) -> str:
+        if self.chosen is None:
+            return "no variant that passed its gate runs here"
+        target = self.chosen.built.target
+        speed = _speed(self.chosen, self.shape) if self.by_speed and self.shape else ""
+        if sum(v.target == target for v in self.order) == 1:
+            return f"the only {target} variant that passed its gate" + (f" ({speed})" if speed else "")
+        if self.by_speed:
+            return f"the fastest here by this build's benchmark: {speed}"
+        return f"first in the server's preference order ({self.preference}): no benchmark from this kind of CPU"
+
+    def why_not(self, rec: VariantRecord) -> str:
+        from serving.service import TARGET_PROVIDER
+
+        if not rec.passed:
+            return miss_reason(rec.parity)
+        place = next((i for i, v in enumerate(self.order) if v.id == rec.variant_id), None)
+        if place is None or self.chosen is None:
+            return f"not for this hardware: needs {TARGET_PROVIDER.get(rec.built.target, rec.built.target)} (none here)"
+        first = self.chosen
+        if rec.built.target != first.built.target:
+            return f"fallback #{place}: a {rec.built.target} variant, tried after the {first.built.target} ones"
+        if self.by_speed:
+            return (
+                f"slower here: {_p50(rec, self.shape)} against {_p50(first, self.shape)} at "
+                f"{shape_label(self.shape)}; fallback #{place} if {first.variant_id} misses its probe check on the node"
+            )
+        return f"later in the preference order ({self.preference}); fallback #{place}"
+
+
+def _rank(records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo) -> _Ranking:
+    from serving.service import rank_variants
+
+    order = rank_variants(_as_variants([r for r in records if r.passed]), providers, hardware)
+    if not order:
+        return _Ranking(order=[], chosen=None, by_speed=False, shape="")
+    first = order[0]
+    return _Ranking(
+        order=order,
+        chosen=next(r for r in records if r.variant_id == first.id),
+        by_speed=_ranked_by_speed([v for v in order if v.target == first.target], hardware),
+        shape=next(iter(first.benchmark.shapes), ""),
+    )
+
+
+def serving_choice(
+    records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo, where: str
+) -> ServingChoice:
+    """Apply the server's ranking (`serving.service.rank_variants`) to this build's variants on a
+    machine with `providers` and `hardware`, and say why each other variant comes later or never."""
+    ranking = _rank(records, providers, hardware)
+    alternatives = tuple(Alternative(record=r, reason=ranking.why_not(r)) for r in records if r is not ranking.chosen)
+    return ServingChoice(where=where, chosen=ranking.chosen, why=ranking.why(), alternatives=alternatives)
+
+
+def build_machine(records: Sequence[VariantRecord]) -> tuple[list[str], HardwareInfo | None]:
+    """The providers and CPU this build's gates ran with: a server here has the same."""
+    providers = sorted({CPU_PROVIDER, *(r.parity.validated_on for r in records)})
+    recorded = next((r.parity.hardware for r in records if r.parity.hardware), None)
+    return providers, _hardware(recorded) if recorded else None
+
+
+def choice_here(records: Sequence[VariantRecord]) -> ServingChoice:
+    """What a server on this build's machine serves."""
+    providers, here = build_machine(records)
+    if here is None:
+        unknown = HardwareInfo(machine="", cpu_model="unknown", features=(), cores=1)
+        return serving_choice(records, providers, unknown, "this build's machine")
+    return serving_choice(records, providers, here, f"this build's machine, {here.summary()}")
+
+
+def choices_elsewhere(records: Sequence[VariantRecord]) -> list[ServingChoice]:
+    """The same ranking on the other machines this build's variants may meet: a GPU node (when a
+    cuda variant passed and this machine has no CUDA provider), a CPU with fewer ISA features."""
+    providers, here = build_machine(records)
+    out = []
+    if "CUDAExecutionProvider" not in providers and any(r.passed and r.built.target == "cuda" for r in records):
+        gpu = ["CUDAExecutionProvider", CPU_PROVIDER]
+        out.append(
+            serving_choice(
+                records, gpu, here or HardwareInfo(machine="", cpu_model="", features=(), cores=1), "a GPU node"
+            )
+        )
+    if here is not None and not set(here.features) <= set(BASELINE_FEATURES):
+        baseline = HardwareInfo(machine=here.machine, cpu_model="", features=BASELINE_FEATURES, cores=here.cores)
+        out.append(serving_choice(records, [CPU_PROVIDER], baseline, "a CPU with fewer ISA features (AVX2 only)"))
+    return out
+
+
+def verdict(records: Sequence[VariantRecord]) -> list[str]:
+    """The verdict as text lines: what a server here serves and why, why not each other variant,
+    and what other machines serve."""
+    if not any(r.passed for r in records):
+        return ["No variant passed its gate: nothing ships."]
+    here = choice_here(records)
+    chosen = here.chosen.variant_id if here.chosen else "nothing"
+    lines = [f"Verdict: on {here.where}, --variant auto serves {chosen}: {here.why}."]
+    if here.chosen:
+        lines.append(f"  against PyTorch: {accuracy_cost(here.chosen)}.")
+    lines += [f"  not {a.record.variant_id}: {a.reason}." for a in here.alternatives]
+    for other in choices_elsewhere(records):
+        lines.append(f"  on {other.where}: {other.chosen.variant_id if other.chosen else 'nothing'} ({other.why}).")
+    return lines
+
+
+# ---------------------------------------------------------------------------- tables
 
 
 def summary_rows(export: ExportResult, records: Sequence[VariantRecord]) -> list[Row]:
     """Header plus one row per engine: PyTorch first, then each variant."""
     shapes = list(export.torch_latency)
     columns = get_family(export.task).report.columns
+    loads = engine_loads(export, records)
     header: Row = (
         "variant",
         "gate",
@@ -30,35 +381,41 @@ def summary_rows(export: ExportResult, records: Sequence[VariantRecord]) -> list
         "MB",
         *(f"p50 {s}" for s in shapes),
         *(f"vs torch {s}" for s in shapes),
+        "load",
     )
     rows = [header]
-    torch_cells = tuple(f"{export.torch_latency[s]['p50_ms']:.2f} ms" for s in shapes)
     rows.append(
         (
             "pytorch",
             "-",
             *("-" for _ in columns),
             f"{export.metrics['mb']:.1f}",
-            *torch_cells,
-            *("1.0x" for _ in shapes),
+            *(format_ms(export.torch_latency[s]["p50_ms"]) for s in shapes),
+            *(format_ratio(1.0) for _ in shapes),
+            load_cell(loads["pytorch"]),
         )
     )
     for rec in records:
-        v, bench = rec.parity.values, rec.benchmark
+        v, bench, limits = rec.parity.values, rec.benchmark, _limits(rec.parity)
         rows.append(
             (
                 rec.variant_id,
                 "pass" if rec.passed else "MISS",
-                *(format(v[metric], fmt) if metric in v else "-" for _, metric, fmt in columns),
+                *(format_metric(m, v[m], limits.get(m)) if m in v else "-" for _, m, _ in columns),
                 f"{rec.built.metrics['mb']:.1f}",
-                *(f"{bench.shapes[s]['p50_ms']:.2f} ms" if bench and s in bench.shapes else "-" for s in shapes),
+                *(_p50(rec, s) for s in shapes),
                 *(
-                    f"{bench.speedup_vs_torch[s]:.1f}x" if bench and s in bench.speedup_vs_torch else "-"
+                    format_ratio(bench.speedup_vs_torch[s]) if bench and s in bench.speedup_vs_torch else "-"
                     for s in shapes
                 ),
+                load_cell(loads.get(rec.variant_id)),
             )
         )
     return rows
+
+
+def _limits(parity: ParityReport) -> dict[str, float]:
+    return {m.name: m.limit for m in gated_metrics(parity)}
 
 
 def format_fusions(fusions: dict[str, int]) -> str:
@@ -91,70 +448,11 @@ def banners(export: ExportResult, records: Sequence[VariantRecord]) -> list[str]
     return out
 
 
-def verdict(records: Sequence[VariantRecord]) -> list[str]:
-    """Which variant `--variant auto` will serve, on which hardware, and why (the server's own
-    ranking, serving.service.rank_variants, applied to this build's variants)."""
-    from components.core.package import variant_record
-    from serving.bundle import Variant
-    from serving.hardware import HardwareInfo
-    from serving.service import rank_variants
-
-    passed = [r for r in records if r.passed]
-    if not passed:
-        return ["No variant passed its gate: nothing ships."]
-    variants = [Variant.model_validate(variant_record(r.built, r.parity, r.benchmark)) for r in passed]
-    lines = []
-    built_on = next((r.parity.hardware for r in passed if r.parity.hardware), None)
-    cases: list[tuple[str, list[str], HardwareInfo | None]] = []
-    if built_on:
-        here = HardwareInfo(
-            **{k: v for k, v in built_on.items() if k != "int8_kernel"} | {"features": tuple(built_on["features"])}
-        )
-        cases.append((f"On a CPU like this build's ({here.summary()})", ["CPUExecutionProvider"], here))
-        baseline = HardwareInfo(machine=here.machine, cpu_model="", features=("avx2", "fma", "f16c"), cores=here.cores)
-        if not baseline.has_features(here.features):
-            cases.append(
-                (
-                    "On a CPU with fewer ISA features (e.g. AVX2 only): this build's benchmark is not evidence there;",
-                    ["CPUExecutionProvider"],
-                    baseline,
-                )
-            )
-    if any(v.target == "cuda" for v in variants):
-        cases.insert(
-            0, ("On a GPU node (CUDA provider available)", ["CUDAExecutionProvider", "CPUExecutionProvider"], None)
-        )
-    for where, providers, hardware in cases:
-        order = rank_variants(
-            variants, providers, hardware or HardwareInfo(machine="", cpu_model="", features=(), cores=1)
-        )
-        if not order:
-            continue
-        first, rest = order[0], order[1:]
-        shapes = first.benchmark.shapes
-        speed = next(iter(shapes), None)
-        measured = all(
-            v.benchmark.hardware and hardware and hardware.has_features(v.benchmark.hardware.features) for v in order
-        )
-        if measured and speed:
-            timings = ", ".join(
-                f"{v.id} {v.benchmark.shapes[speed]['p50_ms']:.2f} ms" for v in order if speed in v.benchmark.shapes
-            )
-            why = f"the fastest by the benchmark ({timings} at {speed})"
-        else:
-            why = "the preference order (int8, then fp32; fp16 first on GPUs)"
-        fallback = f"; if it misses its probe check on the node, {' then '.join(v.id for v in rest)}" if rest else ""
-        lines.append(f"{where} --variant auto serves {first.id}: {why}{fallback}.")
-    return lines
-
-
 def hardware_rows(records: Sequence[VariantRecord]) -> list[Row]:
     """Per variant: where the gate, the probe and the benchmark ran."""
     rows: list[Row] = [("variant", "checked on", "CPU", "int8 kernels", "cores", "probe", "benchmark providers")]
     for rec in records:
         hw = rec.parity.hardware or {}
-        probe = rec.parity.probe
-        probe_cell = "-" if not probe else ("pass" if probe["passed"] else "MISS") + f" ({probe['samples']})"
         rows.append(
             (
                 rec.variant_id,
@@ -162,32 +460,33 @@ def hardware_rows(records: Sequence[VariantRecord]) -> list[Row]:
                 str(hw.get("cpu_model", "-")),
                 str(hw.get("int8_kernel", "-")),
                 str(hw.get("cores", "-")),
-                probe_cell,
+                probe_cell(rec.parity),
                 ", ".join(rec.benchmark.execution_providers) if rec.benchmark else "-",
             )
         )
     return rows
 
 
-def measured_under(records: Sequence[VariantRecord]) -> str:
-    """The CPU and load the latencies were measured under (a shared machine drifts)."""
-    bench = next((r.benchmark for r in records if r.benchmark and r.benchmark.hardware), None)
-    if bench is None:
-        return "No variant was benchmarked."
-    hw = bench.hardware
-    load = f", load average {bench.load_average:.2f} over the last minute" if bench.load_average is not None else ""
-    threads = "one ONNX Runtime thread per core" if not bench.threads else f"{bench.threads} ONNX Runtime threads"
-    return (
-        f"Latency measured on {hw['cpu_model']} ({hw['int8_kernel']} int8 kernels, {hw['cores']} cores, "
-        f"{threads}{load}); compare ratios within one build, not across machines."
-    )
+def probe_cell(parity: ParityReport) -> str:
+    """`pass (48)`, `MISS (48)` or `-`: the probe check on the build machine."""
+    probe = parity.probe
+    return "-" if not probe else ("pass" if probe["passed"] else "MISS") + f" ({probe['samples']})"
+
+
+def proven_on(parity: ParityReport) -> str:
+    """`AMD EPYC (x86_64, avx2 int8 kernels, 2 cores), CPUExecutionProvider`: where the gate ran."""
+    hw = parity.hardware
+    machine = _hardware(hw).summary() if hw else "an unrecorded machine"
+    return f"{machine}, {parity.validated_on}"
 
 
 def format_summary(export: ExportResult, records: Sequence[VariantRecord]) -> str:
-    """The table the CLI prints after a build, every miss spelled out below it, then the verdict."""
+    """The table the CLI prints after a build, every miss spelled out below it, then the verdict
+    and the load the timings ran under."""
     text = format_table(summary_rows(export, records))
     misses = [f"missed: {r.parity.summary()}" for r in records if not r.passed]
-    return "\n".join([text, *misses, *verdict(records), measured_under(records), *banners(export, records)])
+    under = [measured_under(export, records), load_line(export, records)]
+    return "\n".join([text, *misses, *verdict(records), *under, *banners(export, records)])
 
 
 def markdown_summary(export: ExportResult, records: Sequence[VariantRecord]) -> str:
@@ -199,6 +498,8 @@ def markdown_summary(export: ExportResult, records: Sequence[VariantRecord]) -> 
     misses = [r.parity.summary() for r in records if not r.passed]
     if misses:
         lines += ["", "**Dropped (missed the parity gate):**", ""] + [f"- {m}" for m in misses]
+    lines += ["", *(f"- {line.strip()}" for line in verdict(records)), "", measured_under(export, records)]
+    lines += ["", load_line(export, records)]
     return "\n".join(lines) + "\n"
 
 
@@ -219,27 +520,31 @@ def _colour(name: str) -> str:
 
 
 def plot_latency(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    """Per shape, p50 bars and p95 ticks, PyTorch first; each label gives the speed-up the
+    benchmark recorded (against PyTorch timed alongside the variant where it was)."""
     import matplotlib.pyplot as plt
 
     shapes = list(export.torch_latency)
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.2 * len(shapes), 3.4), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
-        names, p50, p95 = ["pytorch"], [export.torch_latency[shape]["p50_ms"]], [export.torch_latency[shape]["p95_ms"]]
+        torch = export.torch_latency[shape]
+        names, p50, p95, ratios = ["pytorch"], [torch["p50_ms"]], [torch["p95_ms"]], [1.0]
         for rec in records:
             if rec.benchmark and shape in rec.benchmark.shapes:
                 names.append(rec.variant_id)
                 p50.append(rec.benchmark.shapes[shape]["p50_ms"])
                 p95.append(rec.benchmark.shapes[shape]["p95_ms"])
+                ratios.append(rec.benchmark.speedup_vs_torch.get(shape, torch["p50_ms"] / p50[-1]))
         ypos = range(len(names))
         ax.barh(ypos, p50, color=[_colour(n) for n in names], label="p50")
         ax.scatter(p95, ypos, marker="|", s=300, color="black", label="p95", zorder=3)
-        for y, (a, b) in enumerate(zip(p50, p95, strict=True)):
-            ax.text(b, y, f"  {a:.2f} ms ({p50[0] / a:.1f}x)", va="center", fontsize=8)
+        for y, (a, b, ratio) in enumerate(zip(p50, p95, ratios, strict=True)):
+            ax.text(b, y, f"  {format_ms(a)} ({format_ratio(ratio)})", va="center", fontsize=8)
         ax.set_yticks(list(ypos), names)
         ax.invert_yaxis()
         ax.set_xlim(0, max(p95) * 1.6)
         ax.set_xlabel("latency, ms (bar p50, tick p95)")
-        ax.set_title(shape.replace("_", " x ").replace("b", "batch ").replace("s", "tokens ", 1))
+        ax.set_title(shape_label(shape))
     axes[0][0].legend(loc="lower right", fontsize=8)
     return _figure_png(fig)
 
@@ -355,77 +660,138 @@ def plot_sizes(export: ExportResult, records: Sequence[VariantRecord]) -> str:
 # ---------------------------------------------------------------------------- HTML
 
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{font-size:1.6em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:1.2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 th{background:#f4f4f4}.pass{color:#176e2c;font-weight:600}.miss{color:#b00020;font-weight:600}
-img{max-width:100%}code{background:#f4f4f4;padding:0 3px}
+img{max-width:100%}code{background:#f4f4f4;padding:0 3px}.sub{color:#555;margin:0 0 .6em}
+.verdict{border:2px solid #176e2c;border-radius:6px;background:#f4faf5;padding:.5em 1.2em .7em;margin:.8em 0}
+.verdict.none{border-color:#b00020;background:#fdf3f4}
+.verdict .choice{font-size:1.3em;margin:.2em 0 .5em}
+.verdict .variant{font:600 1em ui-monospace,monospace;background:#176e2c;color:#fff;padding:1px 7px;border-radius:4px}
+.verdict dl{display:grid;grid-template-columns:8.5em 1fr;gap:.2em .8em;margin:.3em 0 .6em}
+.verdict dt{font-weight:600;color:#444}.verdict dd{margin:0}
+.verdict table{background:#fff;width:100%}.verdict h3{font-size:1em;margin:.6em 0 .1em}
+.warn{color:#b00020;font-weight:600}.quiet{color:#555}
+tr.gated td{background:#fff8dc}tr.gated td.mark{font-weight:700;color:#7a5b00}
+details{margin:.4em 0}summary{cursor:pointer;color:#444}td:first-child{white-space:nowrap}
+.verdict td{vertical-align:top}.cost,.verdict td:nth-child(3),.verdict td:nth-child(4){white-space:nowrap}
 """
 
 
-def _table(rows: Sequence[Sequence[Any]]) -> str:
+class Html(str):
+    """Text that is already HTML (the table helper does not escape it)."""
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, Html) else html.escape(str(value))
+    cls = "pass" if text == "pass" else "miss" if text == "MISS" else "mark" if text == "gated" else ""
+    return f"<td class='{cls}'>{text}</td>" if cls else f"<td>{text}</td>"
+
+
+def _table(rows: Sequence[Sequence[Any]], *, row_class: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in rows[0])
-    body = ""
-    for row in rows[1:]:
-        cells = []
-        for c in row:
-            text = html.escape(str(c))
-            cls = ' class="pass"' if text == "pass" else ' class="miss"' if text == "MISS" else ""
-            cells.append(f"<td{cls}>{text}</td>")
-        body += "<tr>" + "".join(cells) + "</tr>"
+    tr = f"<tr class='{row_class}'>" if row_class else "<tr>"
+    body = "".join(tr + "".join(_cell(c) for c in row) + "</tr>" for row in rows[1:])
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def render_html(export: ExportResult, records: Sequence[VariantRecord], versions: dict[str, str]) -> str:
-    spec = get_family(export.task).report
-    passed = sum(r.passed for r in records)
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>ortpack report: {html.escape(export.name)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{html.escape(export.name)}: {passed} of {len(records)} variants passed their parity gate</h1>",
-        f"<p>Task <code>{html.escape(export.task)}</code>, "
-        f"source <code>{html.escape(str(export.source.get('id')))}</code>, "
-        f"{int(export.metrics.get('validation_samples', 0))} validation samples.</p>",
-        "<h2>Summary</h2>",
-        _table(summary_rows(export, records)),
-        "<h2>Verdict</h2>",
-        "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in verdict(records)) + "</ul>",
-        f"<p>{html.escape(measured_under(records))}</p>",
+def _cost_html(rec: VariantRecord) -> Html:
+    """The gated metrics, one a line, a missed one in red."""
+    lines = [
+        html.escape(m.describe()) if m.passed else f"<span class='miss'>{html.escape(m.describe())}</span>"
+        for m in gated_metrics(rec.parity)
     ]
-    parts = parts[:4] + [f"<p class='miss'>{html.escape(b)}</p>" for b in banners(export, records)] + parts[4:]
-    misses = [r.parity.summary() for r in records if not r.passed]
-    if misses:
-        parts.append(
-            "<p class='miss'>Dropped:</p><ul>" + "".join(f"<li>{html.escape(m)}</li>" for m in misses) + "</ul>"
+    return Html(f"<span class='cost'>{'<br>'.join(lines) or 'no gated metric'}</span>")
+
+
+def _alternatives_table(choice: ServingChoice) -> str:
+    shape = next(iter(choice.chosen.benchmark.shapes), "") if choice.chosen and choice.chosen.benchmark else ""
+    rows: list[list[Any]] = [
+        ["variant", "why not", f"p50 {shape}".strip(), "vs PyTorch", "accuracy (the gate's metrics)", "gate ran on"]
+    ]
+    for alt in choice.alternatives:
+        bench = alt.record.benchmark
+        ratio = bench.speedup_vs_torch.get(shape) if bench else None
+        rows.append(
+            [
+                alt.record.variant_id,
+                alt.reason,
+                _p50(alt.record, shape),
+                format_ratio(ratio) if ratio else "-",
+                _cost_html(alt.record),
+                proven_on(alt.record.parity),
+            ]
         )
-    parts += [
-        "<h2>Latency against PyTorch</h2>",
-        f"<img alt='latency per variant' src='data:image/png;base64,{plot_latency(export, records)}'>",
-        "<h2>Agreement with PyTorch, per item</h2>",
-        f"<img alt='distance to PyTorch per item' src='data:image/png;base64,{plot_distance(spec, records)}'>",
-        f"<h2>Agreement of the {spec.agreement[1]} nearest ({spec.unit})</h2>",
-        f"<img alt='agreement' src='data:image/png;base64,{plot_agreement(spec, records)}'>",
-        "<h2>Model size</h2>",
-        f"<img alt='model size' src='data:image/png;base64,{plot_sizes(export, records)}'>",
-        "<h2>Parity numbers and gates</h2>",
+    return _table(rows)
+
+
+def verdict_box(export: ExportResult, records: Sequence[VariantRecord]) -> str:
+    """The first screen: which variant a server here serves, why, at what accuracy cost, where it
+    was proven, whether the timings are trustworthy, and why not each alternative."""
+    here = choice_here(records)
+    load_text, loaded = load_verdict(export, records)
+    timing = f"<dd class='{'warn' if loaded else 'quiet'}'>{html.escape(load_text)}</dd>"
+    if here.chosen is None:
+        return (
+            "<section class='verdict none'><p class='choice'>No variant passed its gate: <b>nothing ships</b>.</p>"
+            f"<dl><dt>Timings</dt>{timing}</dl><h3>Variants</h3>{_alternatives_table(here)}</section>"
+        )
+    chosen = here.chosen
+    probe = chosen.parity.probe
+    probe_text = (
+        f"; its probe set ({probe['samples']} {get_family(export.task).report.unit}) "
+        f"{'passed' if probe['passed'] else 'MISSED'} there, and every serving node replays it before ready"
+        if probe
+        else ""
+    )
+    parts = [
+        "<section class='verdict'>",
+        f"<p class='choice'>Serves <span class='variant'>{html.escape(chosen.variant_id)}</span> "
+        f"<span class='quiet'>— <code>--variant auto</code> on {html.escape(here.where)}</span></p>",
+        "<dl>",
+        f"<dt>Why</dt><dd>{html.escape(here.why)}</dd>",
+        f"<dt>Accuracy cost</dt><dd>{html.escape(accuracy_cost(chosen, ' · '))}"
+        " <span class='quiet'>(against PyTorch, the gate's own metrics)</span></dd>",
+        f"<dt>Proven on</dt><dd>{html.escape(proven_on(chosen.parity) + probe_text)}</dd>",
+        f"<dt>Timings</dt>{timing}",
+        "</dl>",
     ]
-    gate_rows: list[list[Any]] = [["variant", "metric", "value", "gate", "margin"]]
+    if here.alternatives:
+        parts += ["<h3>Not chosen</h3>", _alternatives_table(here)]
+    elsewhere = [
+        f"on {c.where}: {c.chosen.variant_id if c.chosen else 'nothing'} ({c.why})" for c in choices_elsewhere(records)
+    ]
+    if elsewhere:
+        parts.append(f"<p class='quiet'>Elsewhere: {html.escape('; '.join(elsewhere))}.</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def parity_tables(records: Sequence[VariantRecord]) -> str:
+    """The numbers each gate checks (highlighted, with threshold, margin and result), then every
+    diagnostic number collapsed below."""
+    gated: list[list[Any]] = [["gate", "variant", "metric", "value", "threshold", "margin", "result"]]
+    diagnostic: list[list[Any]] = [["variant", "metric", "value"]]
     for rec in records:
-        margin = margins(rec.parity.values, rec.parity.thresholds)
+        checked = gated_metrics(rec.parity)
+        for m in checked:
+            shown = format_metric(m.name, m.value, m.limit)
+            result = "pass" if m.passed else "MISS"
+            gated.append(["gated", rec.variant_id, m.name, shown, m.threshold, f"{m.margin:+.2g}", result])
+        names = {m.name for m in checked}
         for name, value in sorted(rec.parity.values.items()):
-            op, field = GATES.get(name, ("", ""))
-            limit = rec.parity.thresholds.get(field)
-            gate_rows.append(
-                [
-                    rec.variant_id,
-                    name,
-                    f"{value:.6g}",
-                    f"{op} {limit:g}" if limit is not None else "",
-                    f"{margin[name]:+.3g}" if name in margin else "",
-                ]
-            )
-    parts.append(_table(gate_rows))
-    facts: list[list[Any]] = [
+            if name not in names:
+                diagnostic.append([rec.variant_id, name, format_metric(name, value)])
+    return (
+        _table(gated, row_class="gated")
+        + f"<details><summary>Diagnostic numbers, not gated ({len(diagnostic) - 1}): per batch size, "
+        "per decode mode, the rest</summary>" + _table(diagnostic) + "</details>"
+    )
+
+
+def _built_rows(records: Sequence[VariantRecord]) -> list[list[Any]]:
+    rows: list[list[Any]] = [
         [
             "variant",
             "execution providers",
@@ -444,7 +810,7 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
         fuser = str(b.metrics.get("fuser", "none"))
         if not fusions:  # shipped on its gate, but say so: nothing was fused
             fusions = "not fused" if fuser == "none" else f"not fused ({fuser} found no pattern)"
-        facts.append(
+        rows.append(
             [
                 b.variant_id,
                 ", ".join(b.execution_providers),
@@ -457,9 +823,51 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
                 fusions,
             ]
         )
+    return rows
+
+
+def _img(alt: str, png: str) -> str:
+    return f"<img alt='{alt}' src='data:image/png;base64,{png}'>"
+
+
+def render_html(export: ExportResult, records: Sequence[VariantRecord], versions: dict[str, str]) -> str:
+    spec = get_family(export.task).report
+    passed = sum(r.passed for r in records)
+    misses = [r.parity.summary() for r in records if not r.passed]
+    loaded = load_verdict(export, records)[1]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>ortpack report: {html.escape(export.name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(export.name)}: {passed} of {len(records)} variants passed their parity gate</h1>",
+        f"<p class='sub'>Task <code>{html.escape(export.task)}</code>, "
+        f"source <code>{html.escape(str(export.source.get('id')))}</code>, "
+        f"{int(export.metrics.get('validation_samples', 0))} validation {html.escape(spec.unit)}.</p>",
+        *(f"<p class='miss'>{html.escape(b)}</p>" for b in banners(export, records)),
+        verdict_box(export, records),
+        "<h2>Summary</h2>",
+        _table(summary_rows(export, records)),
+        f"<p>{html.escape(measured_under(export, records))}</p>",
+        f"<p class='{'warn' if loaded else 'quiet'}'>{html.escape(load_line(export, records))}</p>",
+    ]
+    if misses:
+        parts.append(
+            "<p class='miss'>Dropped:</p><ul>" + "".join(f"<li>{html.escape(m)}</li>" for m in misses) + "</ul>"
+        )
     parts += [
+        "<h2>Latency against PyTorch</h2>",
+        _img("latency per variant", plot_latency(export, records)),
+        "<h2>Agreement with PyTorch, per item</h2>",
+        _img("distance to PyTorch per item", plot_distance(spec, records)),
+        f"<h2>Agreement of the {spec.agreement[1]} nearest ({spec.unit})</h2>",
+        _img("agreement", plot_agreement(spec, records)),
+        "<h2>Model size</h2>",
+        _img("model size", plot_sizes(export, records)),
+        "<h2>Parity numbers and gates</h2>",
+        "<p>Highlighted: the numbers each variant's gate checks (a miss drops the variant). "
+        "The rest are diagnostics.</p>",
+        parity_tables(records),
         "<h2>What each variant was built for</h2>",
-        _table(facts),
+        _table(_built_rows(records)),
         "<h2>Where it was proven</h2>",
         "<p>Each check ran on the machine below. A serving node replays the probe set through the variant "
         "it is about to serve and applies the same gate before it turns ready; int8 numbers depend on the "
@@ -467,8 +875,8 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
         _table(hardware_rows(records)),
         "<h2>Versions</h2>",
         _table([["package", "version"], *sorted(versions.items())]),
+        "</body></html>",
     ]
-    parts.append("</body></html>")
     return "\n".join(parts)
 
 
