@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -118,8 +119,10 @@ def _to_fp16(model: Any) -> None:
     model.convert_float_to_float16(keep_io_types=True, node_block_list=fp32_nodes(model.model.graph))
 
 
-def quantize_int8_dynamic(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantization with per-channel, 7-bit weights (`reduce_range`).
+def quantize_int8_dynamic(src: Path, dst: Path, *, per_token: Sequence[str] = ()) -> None:
+    """Dynamic int8 quantization with per-channel, 7-bit weights (`reduce_range`); the MatMuls
+    whose node names match a `per_token` regex quantize their activations per token instead of
+    per tensor (`_per_token_matmuls`).
 
     7 bits, not 8, because the numbers must not depend on the CPU: without AVX-512 VNNI (or
     AVX-VNNI, AMX) ONNX Runtime's u8 x s8 kernels add pairs of products in saturating int16, and
@@ -129,10 +132,28 @@ def quantize_int8_dynamic(src: Path, dst: Path) -> None:
     neighbours 0.918, b1x16 1.21 ms, b16x128 94 ms; 7-bit 0.949 / 0.9897 / 0.915, 1.29 ms,
     100 ms; u8 x u8 (also saturation-free) 0.948 / 0.9916 / 0.921 but 2.13 ms and 225 ms;
     per-tensor 7-bit missed the gate (min cosine 0.33).
+
+    Per token, because one activation scale per tensor fails when a few tokens carry activations
+    tens of times larger than the rest: all-mpnet-base-v2's second FFN MatMul sees GELU outputs
+    of 70-100 at its delimiter tokens (<s>, </s>, ".") in layers 6-10 against ~2.5 elsewhere, so
+    every other token keeps a handful of levels (min cosine 0.58, mean 0.86, neighbours 0.73).
+    Each row then gets its own scale and zero point: the family table
+    (`components.core.exporters.families`, `int8_per_token`) says where.
     """
+    import re
+
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    graph = onnx.load(str(src), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer}
+    rows = {
+        node.name
+        for node in graph.node
+        if node.op_type == "MatMul"
+        and node.input[1] in constants
+        and any(re.search(pattern, node.name) for pattern in per_token)
+    }
     quantize_dynamic(
         str(src),
         str(dst),
@@ -140,8 +161,97 @@ def quantize_int8_dynamic(src: Path, dst: Path) -> None:
         reduce_range=True,
         weight_type=QuantType.QInt8,
         op_types_to_quantize=["MatMul", "Attention", "Conv"],
+        nodes_to_exclude=sorted(rows),
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
+    if rows:
+        model = onnx.load(str(dst))
+        _per_token_matmuls(model, rows)
+        onnx.save(model, str(dst))
+
+
+def _per_token_matmuls(model: Any, names: set[str]) -> None:
+    """Replace each fp32 MatMul in `names` (B a constant [K, N]) by dynamic int8 with one scale
+    and zero point per row of A (per token), and B's 7-bit per-column weights (|w| <= 64, so the
+    u8 x s8 products are exact on every x86-64 CPU, as in `quantize_int8_dynamic`):
+
+        scale = (max(row, 0) - min(row, 0)) / 255      zero = round(-min(row, 0) / scale)
+        q = clip(round(a / scale) + zero, 0, 255)      u8, shared by MatMuls of the same A
+        y = (MatMulInteger(q, w_q) - zero * sum_k w_q) * scale * w_scale
+
+    MatMulInteger takes only a per-tensor zero point for A, so each row's zero point is taken
+    out in int32 afterwards (exact). The rounding follows DynamicQuantizeLinear's."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    added: list[Any] = []
+    nodes: list[Any] = []
+    quantized_inputs: dict[str, tuple[str, str, str]] = {}
+
+    def constant(name: str, value: Any) -> str:
+        added.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+
+    def reduce(op: str, x: str, out: str, name: str) -> Any:  # over the last axis, kept
+        if opset >= 18:  # axes became an input
+            return helper.make_node(op, [x, constant(f"{name}/axes", np.array([-1], np.int64))], [out], name=name)
+        return helper.make_node(op, [x], [out], keepdims=1, axes=[-1], name=name)
+
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.name not in names:
+            nodes.append(node)
+            continue
+        a, out = node.input[0], node.output[0]
+        if a not in quantized_inputs:
+            p = f"{a}_token_q"
+            zero, top = constant(f"{p}/0", np.float32(0)), constant(f"{p}/255", np.float32(255))
+            tiny = constant(f"{p}/tiny", np.float32(1e-30))
+            nodes += [
+                reduce("ReduceMin", a, f"{p}/min0", f"{p}/ReduceMin"),
+                reduce("ReduceMax", a, f"{p}/max0", f"{p}/ReduceMax"),
+                helper.make_node("Min", [f"{p}/min0", zero], [f"{p}/min"], name=f"{p}/Min"),
+                helper.make_node("Max", [f"{p}/max0", zero], [f"{p}/max"], name=f"{p}/Max"),
+                helper.make_node("Sub", [f"{p}/max", f"{p}/min"], [f"{p}/range"], name=f"{p}/Sub"),
+                helper.make_node("Div", [f"{p}/range", top], [f"{p}/scale0"], name=f"{p}/DivRange"),
+                helper.make_node("Max", [f"{p}/scale0", tiny], [f"{p}/scale"], name=f"{p}/MaxTiny"),
+                helper.make_node("Div", [f"{p}/min", f"{p}/scale"], [f"{p}/zero_neg"], name=f"{p}/DivMin"),
+                helper.make_node("Round", [f"{p}/zero_neg"], [f"{p}/zero_neg_r"], name=f"{p}/RoundZero"),
+                helper.make_node("Neg", [f"{p}/zero_neg_r"], [f"{p}/zero"], name=f"{p}/Neg"),
+                helper.make_node("Div", [a, f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Div"),
+                helper.make_node("Round", [f"{p}/scaled"], [f"{p}/rounded"], name=f"{p}/Round"),
+                helper.make_node("Add", [f"{p}/rounded", f"{p}/zero"], [f"{p}/shifted"], name=f"{p}/Add"),
+                helper.make_node("Clip", [f"{p}/shifted", zero, top], [f"{p}/clipped"], name=f"{p}/Clip"),
+                helper.make_node("Cast", [f"{p}/clipped"], [f"{p}/u8"], to=TensorProto.UINT8, name=f"{p}/Cast"),
+                helper.make_node("Cast", [f"{p}/zero"], [f"{p}/zero_i32"], to=TensorProto.INT32, name=f"{p}/CastZero"),
+            ]
+            quantized_inputs[a] = (f"{p}/u8", f"{p}/scale", f"{p}/zero_i32")
+        q, scale, zero_i32 = quantized_inputs[a]
+        weights = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float32)
+        w_scale = np.abs(weights).max(axis=0) / 64.0
+        w_scale[w_scale == 0] = 1.0
+        w_q = np.clip(np.rint(weights / w_scale), -64, 64).astype(np.int8)
+        p = f"{node.name}_token_q"
+        w_name = constant(f"{p}/w_q", w_q)
+        w_sum = constant(f"{p}/w_sum", w_q.astype(np.int32).sum(axis=0, dtype=np.int32))
+        w_scale_name = constant(f"{p}/w_scale", w_scale.astype(np.float32))
+        nodes += [
+            helper.make_node("MatMulInteger", [q, w_name], [f"{p}/acc"], name=f"{p}/MatMulInteger"),
+            helper.make_node("Mul", [zero_i32, w_sum], [f"{p}/offset"], name=f"{p}/MulZero"),
+            helper.make_node("Sub", [f"{p}/acc", f"{p}/offset"], [f"{p}/exact"], name=f"{p}/SubZero"),
+            helper.make_node("Cast", [f"{p}/exact"], [f"{p}/float"], to=TensorProto.FLOAT, name=f"{p}/Cast"),
+            helper.make_node("Mul", [scale, w_scale_name], [f"{p}/scales"], name=f"{p}/MulScales"),
+            helper.make_node("Mul", [f"{p}/float", f"{p}/scales"], [out], name=f"{p}/Mul"),
+        ]
+    used = {name for n in nodes for name in n.input}
+    kept = [init for init in graph.initializer if init.name in used]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
 
 
 # Static int8 recipes for convolution nets, fastest first (components/core/tasks/image_classification.py

@@ -46,9 +46,16 @@ class EncoderFamily:
     - `token_type_ids`: the model has a token-type embedding; it is an input only when the
       tokenizer produces it, the config has more than one type and the exported graph kept it.
     - `positions`: "absolute" (a learned table of `max_position_embeddings`), "padding-offset"
-      (RoBERTa style: position ids start at `pad_token_id + 1`, so `pad_token_id + 1` rows of the
-      table are never a real position), "relative" or "rotary" (no table is indexed past the
-      trained length, which still bounds the input).
+      (RoBERTa style: position ids start at the padding index + 1, so that many rows of the table
+      are never a real position), "relative" or "rotary" (no table is indexed past the trained
+      length, which still bounds the input).
+    - `padding_idx`: for "padding-offset", the padding index the implementation uses whatever the
+      config says (transformers' MPNetEmbeddings hard-codes 1); None: the config's `pad_token_id`
+      (RoBERTa, XLM-R, CamemBERT, data2vec-text, ...: `padding_idx = config.pad_token_id`).
+    - `int8_per_token`: regexes over the exported graph's MatMul node names whose activations the
+      int8 variant quantizes per token rather than per tensor
+      (`components.core.optimize.quantize_int8_dynamic`): where a few tokens carry activations
+      tens of times larger than the rest. Empty: the shipped recipe as measured on MiniLM.
     """
 
     model_type: str
@@ -56,12 +63,36 @@ class EncoderFamily:
     fuser: Fuser
     token_type_ids: bool
     positions: Positions
+    padding_idx: int | None = None
+    int8_per_token: tuple[str, ...] = ()
+
+    def position_offset(self, config: Any) -> int:
+        """How many rows of the position table no real token reaches: 0, or for "padding-offset"
+        the padding index + 1 (the first token's position id)."""
+        from components.core.errors import ExportError
+
+        if self.positions != "padding-offset":
+            return 0
+        pad = self.padding_idx if self.padding_idx is not None else getattr(config, "pad_token_id", None)
+        if pad is None or int(pad) < 0:
+            raise ExportError(
+                f"this {self.model_type} config has pad_token_id {pad}: its position ids start at "
+                "pad_token_id + 1, so it needs a padding id >= 0"
+            )
+        return int(pad) + 1
 
     def max_positions(self, config: Any) -> int:
-        """The longest input, in tokens, this checkpoint's position handling allows."""
-        limit = int(getattr(config, "max_position_embeddings", 512) or 512)
-        if self.positions == "padding-offset":
-            limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+        """The longest input, in tokens, this checkpoint's position handling allows: the position
+        table's rows less `position_offset` (ids of a sequence of n tokens reach offset + n - 1)."""
+        from components.core.errors import ExportError
+
+        table = int(getattr(config, "max_position_embeddings", 512) or 512)
+        limit = table - self.position_offset(config)
+        if limit < 2:
+            raise ExportError(
+                f"this {self.model_type} model has {table} position embeddings and its positions start "
+                f"at {self.position_offset(config)}: no room for a tokenized input"
+            )
         return limit
 
     def takes_token_type_ids(self, config: Any) -> bool:
@@ -70,12 +101,26 @@ class EncoderFamily:
 
 
 def _family(
-    model_type: str, exporter: Exporter, fuser: Fuser, token_type_ids: bool, positions: Positions
+    model_type: str,
+    exporter: Exporter,
+    fuser: Fuser,
+    token_type_ids: bool,
+    positions: Positions,
+    **extra: Any,
 ) -> tuple[str, EncoderFamily]:
     return model_type, EncoderFamily(
-        model_type=model_type, exporter=exporter, fuser=fuser, token_type_ids=token_type_ids, positions=positions
+        model_type=model_type,
+        exporter=exporter,
+        fuser=fuser,
+        token_type_ids=token_type_ids,
+        positions=positions,
+        **extra,
     )
 
+
+# The second FFN MatMul of each MPNet layer, as the TorchScript exporter names it (the attention
+# output is `attention/attn/o`, so this matches nothing else).
+MPNET_FFN_OUT = r"/layer\.\d+/output/dense/MatMul$"
 
 FAMILIES: dict[str, EncoderFamily] = dict(
     [
@@ -97,7 +142,19 @@ FAMILIES: dict[str, EncoderFamily] = dict(
         # ORT's BERT fusions (norms, GELUs; attention stays unfused) or the onnxscript fusions was
         # 19-33% faster than the dynamo graph for these four, on average over fp32/int8 x
         # b1x16/b16x128.
-        _family("mpnet", "torchscript", "ort-bert", False, "padding-offset"),
+        # MPNet's position ids start at 2 whatever its pad_token_id (MPNetEmbeddings: padding_idx = 1).
+        # Its second FFN MatMul (`layer.N/output/dense`) takes GELU outputs of 70-100 at the
+        # delimiter tokens against ~2.5 elsewhere (all-mpnet-base-v2, layers 6-10): quantized per
+        # tensor they left min cosine 0.58 / neighbours 0.73; per token, see optimize.py.
+        _family(
+            "mpnet",
+            "torchscript",
+            "ort-bert",
+            False,
+            "padding-offset",
+            padding_idx=1,
+            int8_per_token=(MPNET_FFN_OUT,),
+        ),
         _family("nomic_bert", "torchscript", "ort-bert", True, "rotary"),
         _family("gte", "torchscript", "onnxscript", True, "rotary"),
         _family("roformer", "torchscript", "onnxscript", True, "rotary"),

@@ -207,14 +207,44 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     return tokenizer, model.eval()
 
 
-def _max_length(
-    tokenizer: Any, config: Any, pooling_config: dict[str, Any], spec: ExportSpec, family: EncoderFamily
-) -> int:
+def _position_limit(encoder: Any, family: EncoderFamily) -> int:
+    """The longest input whose position ids stay inside the position table: the family's rule
+    (`EncoderFamily.max_positions`, from the config), checked against the loaded module itself
+    (its `embeddings.position_embeddings` rows and, for padding-offset families, the
+    `embeddings.padding_idx` its position ids start after); the smaller wins, so no input the
+    tokenizer lets through can index past the table."""
+    config = encoder.config
     limit = family.max_positions(config)
+    embeddings = getattr(encoder, "embeddings", None)
+    table = getattr(embeddings, "position_embeddings", None)
+    if isinstance(table, nn.Embedding) and family.positions in ("absolute", "padding-offset"):
+        offset = 0
+        if family.positions == "padding-offset":
+            padding_idx = getattr(embeddings, "padding_idx", None)
+            offset = family.position_offset(config) if padding_idx is None else int(padding_idx) + 1
+        measured = int(table.num_embeddings) - offset
+        if measured < limit:
+            log.warning(
+                "export: %s position table allows %d tokens, not the %d its config implies; using %d",
+                family.model_type,
+                measured,
+                limit,
+                measured,
+            )
+            limit = measured
+    return limit
+
+
+def _max_length(
+    tokenizer: Any, config: Any, pooling_config: dict[str, Any], spec: ExportSpec, family: EncoderFamily, limit: int
+) -> int:
     if spec.max_length is not None:
         if spec.max_length > limit:
             raise ExportError(
-                f"max_length {spec.max_length} exceeds the {limit} positions of this {family.model_type} model"
+                f"max_length {spec.max_length} is too long for this {family.model_type} model: its position "
+                f"table takes at most {limit} tokens (max_position_embeddings "
+                f"{getattr(config, 'max_position_embeddings', '?')}, first position id "
+                f"{family.position_offset(config)})"
             )
         return spec.max_length
     if pooling_config["max_seq_length"]:
@@ -413,7 +443,7 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
     tokenizer, encoder = _load(model_dir, weights)
     config = encoder.config
     input_names = _input_names(tokenizer, encoder, family)
-    max_length = _max_length(tokenizer, config, pooling_config, spec, family)
+    max_length = _max_length(tokenizer, config, pooling_config, spec, family, _position_limit(encoder, family))
     module = SentenceEmbedding(
         encoder, Pooling(pooling_config["mode"], pooling_config["normalize"]), input_names
     ).eval()

@@ -140,9 +140,13 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 
 
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> None:
+    """Dynamic int8, 7-bit per-channel weights; the encoder family says which MatMuls quantize
+    their activations per token (`EncoderFamily.int8_per_token`: MPNet's second FFN MatMul)."""
+    from components.core.exporters.families import FAMILIES
     from components.core.optimize import quantize_int8_dynamic
 
-    quantize_int8_dynamic(src, dst)
+    family = FAMILIES.get(str(export.model_info.get("model_type", "")))
+    quantize_int8_dynamic(src, dst, per_token=family.int8_per_token if family is not None else ())
 
 
 def fuse(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str, int], str]:
