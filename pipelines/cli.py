@@ -10,6 +10,9 @@ failure prints one line `ortpack: error: ...` and exits non-zero:
    70  an internal error (a bug: run again with --debug for the traceback)
   130  interrupted (SIGINT); 143 terminated (SIGTERM), after the same clean-up
 
+`ortpack bundle diff` answers with its verdict instead: 0 drop-in, 3 re-index, 4 incompatible (and 2
+for anything that stops the comparison, an unreachable source included).
+
 `--debug` prints the traceback too and keeps the exit code.
 """
 
@@ -31,6 +34,7 @@ from typing import Any, NoReturn
 from components.core.errors import one_line
 
 EXIT_GATE, EXIT_INPUT, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPT = 1, 2, 3, 70, 130
+REQUIRE_ENV = "ORTPACK_REQUIRE"  # `bundle verify --require`'s default, as ortpack-serve reads it
 DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"  # pipelines.submit.DEFAULT_PIPELINE_ROOT
 
 log = logging.getLogger("ortpack")
@@ -504,8 +508,11 @@ def cmd_package(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_verify(args: argparse.Namespace) -> int:
-    from serving.bundle import verify_bundle
+    from serving.bundle import embedding_space, verify_bundle
+    from serving.policy import admit, parse_requirements, split_expressions
 
+    expressions = args.require if args.require is not None else split_expressions(os.environ.get(REQUIRE_ENV, ""))
+    policy = parse_requirements(expressions)  # a malformed expression fails before any work
     bundle = _bundle_dir(args.bundle)
     manifest = verify_bundle(bundle)
     size = sum(f.bytes for f in manifest.files.values())
@@ -517,11 +524,21 @@ def cmd_bundle_verify(args: argparse.Namespace) -> int:
         signed = f", signature verified ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})"
     else:
         _warn_unchecked_signature(bundle)
+    admission = admit(manifest, manifest.variants, policy) if policy else None  # none left: exit 2
     print(
         f"ok: {manifest.name} {manifest.version} ({manifest.task}), variants "
         f"{', '.join(v.id for v in manifest.variants)}, {len(manifest.files)} files, {size / 1e6:.1f} MB verified"
         f"{signed}"
     )
+    for variant in manifest.variants:
+        space = embedding_space(manifest, variant)
+        if space is not None:
+            print(f"space: {variant.id} {space.id}")
+    if admission is not None:
+        admitted = ", ".join(v.id for v in admission.admitted)
+        print(f"policy: {len(policy)} requirement{'s' if len(policy) > 1 else ''} met by {admitted}")
+        for variant_id, misses in admission.excluded.items():
+            print(f"policy: {variant_id} would not be served: {'; '.join(misses)}")
     return 0
 
 
@@ -565,6 +582,34 @@ def cmd_bundle_check(args: argparse.Namespace) -> int:
         print(f"{service.variant.id}: not checked (the bundle has no probe set)")
     print(f"a server here would serve {service.variant.id}")
     return 0
+
+
+def cmd_bundle_diff(args: argparse.Namespace) -> int:
+    """Exit 0 drop-in, 3 re-index, 4 incompatible; anything that stops the comparison is 2 (an
+    unreachable source too: a CI job must never read it as a verdict)."""
+    import json
+
+    from components.core.compat import DiffSpec, diff_bundles, read_texts
+    from components.core.errors import InvalidSpecError, OrtpackError
+
+    try:
+        spec = DiffSpec(
+            budget=args.budget,
+            all_pairs=args.all_pairs,
+            queries=read_texts(Path(args.queries)) if args.queries else (),
+            documents=read_texts(Path(args.documents)) if args.documents else (),
+            threads=args.threads,
+        )
+        result = diff_bundles(_bundle_uri(args.old), _bundle_uri(args.new), spec)
+    except (OrtpackError, ValueError, OSError, RuntimeError) as exc:
+        raise InvalidSpecError(one_line(exc)) from exc
+    print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
+    return result.exit_code
+
+
+def _bundle_uri(value: str) -> str:
+    """A bundle URI as given, or the directory a local path names (its manifest.json's folder)."""
+    return value if "://" in value else str(_existing_dir(str(_bundle_dir(value)), "bundle"))
 
 
 def _warn_unchecked_signature(bundle: Path) -> None:
@@ -971,7 +1016,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bundle_commands(sub: Any) -> None:
     """`ortpack bundle ACTION`: one `action(...)` call per action, plus its own arguments."""
-    what = "verify, check (on this machine), sign, push and pull bundles"
+    what = "verify, check (here), diff, sign, push and pull bundles"
     bundle = sub.add_parser("bundle", help=what, description=f"{what}: ortpack bundle ACTION --help for each")
     bsub = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
 
@@ -994,6 +1039,48 @@ def _add_bundle_commands(sub: Any) -> None:
     p = action("verify", cmd_bundle_verify, "check a bundle's schema version, every file's sha256, and its signature")
     p.add_argument("bundle", help=where)
     trust_key(p, "fail")
+    p.add_argument(
+        "--require",
+        action="append",
+        default=None,
+        metavar="EXPR",
+        help="admission policy, repeatable, as ortpack-serve checks it: VARIANT_OR_PRECISION.METRIC OP NUMBER "
+        "against the variant's recorded gate values (e.g. int8.min_cosine>=0.95) or space=ID; fail (exit 2) when "
+        "no variant meets every expression that applies to it (also ORTPACK_REQUIRE, ';'-separated)",
+    )
+
+    p = action(
+        "diff",
+        cmd_bundle_diff,
+        "will NEW break an index built with OLD? compare their embedding spaces: exit 0 drop-in, 3 re-index, "
+        "4 incompatible",
+    )
+    p.add_argument("old", help="the bundle the index was built with: a directory or any URI ortpack-serve takes")
+    p.add_argument("new", help="the candidate bundle: a directory or any URI ortpack-serve takes")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.95,
+        help="drop-in when new queries searching old documents find at least this share of the old bundle's own "
+        "top-10 (default: 0.95)",
+    )
+    p.add_argument(
+        "--all-pairs",
+        action="store_true",
+        help="compare every OLD variant with every NEW one (default: the pairs of the same precision)",
+    )
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
+    p.add_argument(
+        "--queries",
+        metavar="FILE",
+        help="retrieval queries, one per line (or .jsonl strings) (default: 400 shipped support-desk questions)",
+    )
+    p.add_argument(
+        "--documents",
+        metavar="FILE",
+        help="retrieval documents, one per line (or .jsonl strings) (default: the shipped validation sentences)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (default: 0, every core)")
 
     p = action(
         "check",

@@ -198,6 +198,48 @@ class ProbeSet(_Strict):
     samples: int = Field(gt=0)
 
 
+SPACE_ID_HEX = 16  # hex digits of the sha256 kept in a space id: 64 bits, "sha256:" + 16
+
+
+class EmbeddingSpace(_Strict):
+    """What a text-embedding variant's vectors mean: everything that decides which vector a text
+    gets. Two variants with the same `id` put every text at the same point (up to the numerics of
+    the machine that runs them), so an index built with one can be searched with the other; a
+    different id means the vectors may not be comparable (`ortpack bundle diff` measures how far).
+
+    `model_sha256` is the variant's graph (int8 and fp32 of one model are different spaces) and
+    `weights_sha256` the source weights it came from, kept apart so a client can tell "same model,
+    another precision" (same weights, another model digest) from "another model". The `id` is
+    "sha256:" + the first 16 hex digits of the sha256 of the other fields as canonical JSON
+    (`space_id`)."""
+
+    id: str = Field(pattern=rf"^sha256:[0-9a-f]{{{SPACE_ID_HEX}}}$")
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    weights_sha256: str | None = None
+    precision: str
+    tokenizer_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    pooling: str
+    normalize: bool
+    dimensions: int = Field(gt=0)
+    max_length: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _check_id(self) -> EmbeddingSpace:
+        expected = space_id(self.model_dump(exclude={"id"}))
+        if self.id != expected:
+            raise ValueError(f"space id {self.id} does not match its fields ({expected})")
+        return self
+
+
+def space_id(fields: Mapping[str, Any]) -> str:
+    """The short id of an embedding space: sha256 over the canonical JSON of its defining fields
+    (sorted keys, no spaces), first `SPACE_ID_HEX` hex digits."""
+    import json
+
+    canonical = json.dumps(dict(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:SPACE_ID_HEX]
+
+
 class Variant(_Strict):
     """One target x precision build of the model that passed its parity gate."""
 
@@ -216,6 +258,10 @@ class Variant(_Strict):
     optimize: OptimizeSection
     parity: ParitySection
     benchmark: BenchmarkSection = Field(default_factory=BenchmarkSection)
+    # text-embedding variants: the space its vectors live in, recorded by write_bundle for readers
+    # of manifest.json (bundles written before have none); `embedding_space` computes it from the
+    # manifest's facts
+    space: EmbeddingSpace | None = None
 
 
 class Manifest(_Strict):
@@ -262,6 +308,40 @@ class Manifest(_Strict):
         if self.probe is not None:
             names.append(self.probe.file)
         return names
+
+
+def computed_space(manifest: Manifest, variant: Variant) -> EmbeddingSpace | None:
+    """The embedding space of a text-embedding variant, from the manifest's own facts: the
+    variant's and the tokenizer's sha256 in `files`, the source weights' sha256, pooling,
+    normalisation, output dimensions and max length. None for other tasks, or when a fact is
+    missing (a file not listed, a dynamic output width)."""
+    tokenizer, pooling = manifest.tokenizer, manifest.pooling
+    if manifest.task != "text-embedding" or tokenizer is None or pooling is None or not manifest.outputs:
+        return None
+    model, vocab = manifest.files.get(variant.file), manifest.files.get(tokenizer.file)
+    width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
+    if model is None or vocab is None or not isinstance(width, int):
+        return None
+    fields: dict[str, Any] = {
+        "model_sha256": model.sha256,
+        "weights_sha256": manifest.source.weights_sha256,
+        "precision": variant.precision,
+        "tokenizer_sha256": vocab.sha256,
+        "pooling": pooling.mode,
+        "normalize": pooling.normalize,
+        "dimensions": width,
+        "max_length": tokenizer.max_length,
+    }
+    return EmbeddingSpace(id=space_id(fields), **fields)
+
+
+def embedding_space(manifest: Manifest, variant: Variant) -> EmbeddingSpace | None:
+    """The variant's embedding space, computed from the manifest's facts: the digests every loaded
+    byte is checked against, so it names what is actually served (a model swapped and rehashed
+    in manifest.json changes it, whatever `variant.space` still says). The recorded `space` is the
+    same thing written down for readers of manifest.json; bundles written before it have none."""
+    computed = computed_space(manifest, variant)
+    return computed if computed is not None else variant.space
 
 
 def variant_file(variant_id: str) -> str:
@@ -372,7 +452,7 @@ def write_bundle(
         fields.update(schema_version=SCHEMA_VERSION, files=entries)
         fields.setdefault("created_at", utc_now())
         try:
-            parsed = Manifest.model_validate(fields)
+            parsed = _with_spaces(Manifest.model_validate(fields))
         except ValidationError as exc:
             raise BundleError(f"invalid manifest: {_first_error(exc)}") from None
         missing = [name for name in parsed.referenced_files() if name not in entries]
@@ -385,6 +465,16 @@ def write_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return parsed
+
+
+def _with_spaces(manifest: Manifest) -> Manifest:
+    """The manifest with every text-embedding variant's space recorded: the file digests it needs
+    are known only once the files are written."""
+    variants = [
+        v if v.space is not None else v.model_copy(update={"space": computed_space(manifest, v)})
+        for v in manifest.variants
+    ]
+    return Manifest.model_validate({**manifest.model_dump(), "variants": [v.model_dump() for v in variants]})
 
 
 def replace_dir(new: Path, dest: Path) -> None:

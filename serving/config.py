@@ -57,6 +57,7 @@ class ServeConfig:
     cache_dir: str = ""  # where fetched bundles go; default: a directory under the temp dir
     bundle_wait_s: float = 0.0  # a local bundle that is not there yet is waited for this long
     trust_key: str = ""  # PEM public key; when set, the bundle's model.sig must verify with it
+    require: tuple[str, ...] = ()  # admission policy (serving/policy.py): every expression must hold
     access_log: bool = False
     log_format: str = "text"
     log_level: str = "info"
@@ -103,6 +104,12 @@ class ServeConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        from serving.policy import PolicyError, parse_requirements
+
+        try:
+            parse_requirements(self.require)
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def worker_count(self) -> int:
@@ -173,6 +180,9 @@ _HELP = {
     "bundle_wait_s": "wait this long for a bundle directory that is not there yet (a KServe modelcar links it in "
     "while the server starts; MODEL_INIT_MODE=async, which KServe sets then, makes the default 300)",
     "trust_key": "PEM public key; refuse bundles whose signature is missing or does not verify with it",
+    "require": "admission policy, repeatable: VARIANT_OR_PRECISION.METRIC OP NUMBER against the variant's recorded "
+    "gate values (e.g. int8.min_cosine>=0.95) or space=ID (its embedding space); a variant that misses is not "
+    "served, a bundle with none left is refused before loading. The variable takes ';'-separated expressions",
     "access_log": "log one line per request (route, status, items, tokens, queue and inference ms, request id)",
     "log_format": "text or json (one JSON object per line)",
     "log_level": "debug, info, warning or error",
@@ -192,6 +202,7 @@ _DEFAULT_TEXT = {
     "cache_dir": "ortpack-bundles under the temp directory",
     "bundle_wait_s": "0, or 300 with MODEL_INIT_MODE=async",
     "trust_key": "none",
+    "require": "none",
 }
 
 
@@ -228,7 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
         env = "ORTPACK_" + f.name.upper()
         default = _DEFAULT_TEXT.get(f.name, f.default)
         shown = default if isinstance(default, str) and f.name in _DEFAULT_TEXT else repr(default)
-        if isinstance(f.default, bool):
+        if f.name == "require":
+            parser.add_argument(
+                flag, action="append", default=None, metavar="EXPR", help=f"{_HELP[f.name]} [{env}; default {shown}]"
+            )
+        elif isinstance(f.default, bool):
             shown = "true" if f.default else "false"
             parser.add_argument(
                 flag,
@@ -257,6 +272,10 @@ def _converter(name: str) -> Callable[[str], Any]:
     """How the text of a flag or an ORTPACK_* variable becomes the field's value."""
     if name == "buckets":
         return _buckets
+    if name == "require":
+        from serving.policy import split_expressions
+
+        return lambda text: tuple(split_expressions(text))
     default = next(f.default for f in fields(ServeConfig) if f.name == name)
     converters: dict[type, Callable[[str], Any]] = {int: int, float: float, bool: _bool}
     return converters.get(type(default), str)
@@ -292,6 +311,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         values[name] = value
     if not values.get("bundle"):
         raise ConfigError("no bundle given (--bundle PATH_OR_URI or ORTPACK_BUNDLE)")
+    if "require" in values:
+        values["require"] = tuple(values["require"])
     if values.get("api_key_file"):
         if values.get("api_key"):
             raise ConfigError("give the API key once: --api-key or --api-key-file, not both")

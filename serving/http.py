@@ -71,6 +71,15 @@ def service_of(request: Request) -> ModelService:
     return service
 
 
+SPACE_HEADER = "X-Embedding-Space"  # on every answer that carries embeddings: the space they live in
+
+
+def space_headers(request: Request) -> dict[str, str] | None:
+    """`X-Embedding-Space: <id>` when the served variant has an embedding space, else none."""
+    space = service_of(request).space
+    return {SPACE_HEADER: space.id} if space is not None else None
+
+
 def config_of(request: Request) -> ServeConfig:
     config: ServeConfig = request.app.state.config
     return config

@@ -5,6 +5,7 @@ warm-up runs every shape before `ready`."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -21,8 +22,10 @@ from serving.batcher import Batcher
 from serving.bundle import (
     MANIFEST_NAME,
     BundleError,
+    EmbeddingSpace,
     Manifest,
     Variant,
+    embedding_space,
     read_manifest,
     read_verified,
     verify_bundle,
@@ -125,12 +128,19 @@ class ModelService:
     load_reason: str = ""
     node_check: ProbeResult | None = None  # the probe check of this variant on this node
     rejected: list[ProbeResult] = field(default_factory=list)  # variants that missed it here
+    excluded: dict[str, list[str]] = field(default_factory=dict)  # variant id -> the --require it missed
     ready: bool = False
     draining: bool = False
 
     @property
     def backend(self) -> Any:
         return self.runtime.backend
+
+    @functools.cached_property
+    def space(self) -> EmbeddingSpace | None:
+        """The embedding space of the served variant (text embeddings; None otherwise): computed
+        once, every embeddings answer names it."""
+        return embedding_space(self.manifest, self.variant)
 
     async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any], *, tokens: int = 0) -> np.ndarray:
         """Queue one request's items and wait for their rows (in order)."""
@@ -221,6 +231,8 @@ def load_service(
     manifest = read_manifest(bundle_dir, signed[MANIFEST_NAME] if signed is not None else None)
     hardware = this_machine()
     candidates = candidate_variants(manifest, config.variant, ort.get_available_providers(), hardware)
+    excluded = _apply_policy(manifest, candidates, config)
+    candidates = [v for v in candidates if v.id not in excluded]
     shared = [manifest.tokenizer.file] if manifest.tokenizer else []
     if manifest.probe is not None:
         shared.append(manifest.probe.file)
@@ -263,6 +275,17 @@ def load_service(
             f"no variant of {manifest.name} passes its parity gate on this node ({hardware.summary()}): {summary}"
         )
     service.rejected = rejected
+    service.excluded = excluded
+    recorded, served = service.variant.space, service.space
+    if recorded is not None and served is not None and recorded.id != served.id:
+        log.warning(
+            "variant %s: manifest.json records space %s but its files make %s (edited after packaging?); "
+            "serving it as %s",
+            service.variant.id,
+            recorded.id,
+            served.id,
+            served.id,
+        )
     log.info(
         "loaded %s variant %s (%s); node check %s; %d workers x %d threads; %s",
         manifest.name,
@@ -274,6 +297,20 @@ def load_service(
         batching,
     )
     return service
+
+
+def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeConfig) -> dict[str, list[str]]:
+    """The candidates --require excludes (id -> misses), one warning line each; checked against
+    the manifest alone, before any model is read. Raises PolicyRefusedError when none is left."""
+    from serving.policy import admit, parse_requirements
+
+    policy = parse_requirements(config.require)
+    if not policy:
+        return {}
+    admission = admit(manifest, candidates, policy)
+    for variant_id, misses in admission.excluded.items():
+        log.warning("policy: variant %s is not served: %s", variant_id, "; ".join(misses))
+    return admission.excluded
 
 
 def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> ProbeResult:

@@ -24,8 +24,9 @@ def make_tiny_bert(
     normalize: bool = True,
     max_position: int = 128,
     model_type: str = "bert",
+    hidden_size: int = 64,
 ) -> Path:
-    """A 2-layer, 64-wide BERT with the real MiniLM WordPiece tokenizer and random weights.
+    """A 2-layer, 64-wide (`hidden_size`) BERT with the real MiniLM WordPiece tokenizer and random weights.
 
     `pooling` writes sentence-transformers configs (modules.json, 1_Pooling/config.json) with that
     mode; None writes none (the exporter's defaults apply). `initializer_range` is raised from
@@ -40,7 +41,7 @@ def make_tiny_bert(
     if model_type == "bert":
         config = AutoConfig.for_model(
             "bert",
-            hidden_size=64,
+            hidden_size=hidden_size,
             num_hidden_layers=2,
             num_attention_heads=4,
             intermediate_size=128,
@@ -67,7 +68,7 @@ def make_tiny_bert(
         (out / "1_Pooling" / "config.json").write_text(
             json.dumps(
                 {
-                    "word_embedding_dimension": 64,
+                    "word_embedding_dimension": hidden_size,
                     "pooling_mode_cls_token": pooling == "cls",
                     "pooling_mode_mean_tokens": pooling == "mean",
                     "pooling_mode_max_tokens": pooling == "max",

@@ -316,7 +316,7 @@ def test_bundle_help_lists_every_action() -> None:
 
     bundle = next(a.choices["bundle"] for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = next(a for a in bundle._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert set(actions) == {"verify", "check", "sign", "push", "pull"}
+    assert set(actions) == {"verify", "check", "diff", "sign", "push", "pull"}
     description = ortpack("bundle", "--help").stdout.split("positional arguments:")[0]
     top = next(line for line in ortpack("--help").stdout.splitlines() if line.strip().startswith("bundle "))
     for name in actions:

@@ -20,6 +20,15 @@ def validation_sentences() -> tuple[str, ...]:
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
+@cache
+def retrieval_queries() -> tuple[str, ...]:
+    """400 short questions people ask support desks and search boxes (a copy of
+    bench/data/queries.jsonl, shipped with the package): the queries of `ortpack bundle diff`'s
+    retrieval set, whose documents are the validation sentences."""
+    text = resources.files("components.core").joinpath("data/retrieval_queries.jsonl").read_text("utf-8")
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """A generated validation image: rendered the same way wherever it is needed (no files)."""

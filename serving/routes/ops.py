@@ -20,17 +20,20 @@ LINKS = {"docs": "/docs", "openapi": "/openapi.json", "metrics": "/metrics", "re
 
 
 def front_door(request: Request) -> dict[str, Any]:
-    """What `GET /` says: the model, its task, the variant and version served, and where to go next
-    (the task's own routes and Open Inference Protocol inference, with the model's name filled in)."""
+    """What `GET /` says: the model, its task, the variant and version served (with its embedding
+    space, text embeddings), and where to go next (the task's own routes and Open Inference
+    Protocol inference, with the model's name filled in)."""
     service = service_of(request)
     name = urllib.parse.quote(service.model_name, safe="")
     infer = next(r for r in v2.ROUTES if r.path == "/v2/models/{name}/infer")
     routes = [*service.runtime.routes(), infer]
+    space = service.space
     return {
         "name": service.model_name,
         "task": service.manifest.task,
         "variant": service.variant.id,
         "version": service.manifest.version,
+        "embedding_space": space.model_dump() if space is not None else None,
         "server": {"name": "ortpack", "version": __version__},
         "ready": service.ready,
         "links": LINKS,
@@ -69,6 +72,8 @@ def index_html(info: dict[str, Any]) -> str:
         return html.escape(str(value))
 
     links = "".join(f"<li><a href='{esc(path)}'>{esc(path)}</a></li>" for path in info["links"].values())
+    embedding_space = info.get("embedding_space")
+    space = f"<p>embedding space <code>{esc(embedding_space['id'])}</code></p>" if embedding_space else ""
     routes = "".join(
         f"<li><code>{esc(r['method'])} {esc(r['path'])}</code>: {esc(r['summary'])}</li>" for r in info["routes"]
     )
@@ -76,7 +81,7 @@ def index_html(info: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>ortpack server</title>"
         "<style>body{font:14px system-ui,sans-serif;margin:2em}</style></head><body>"
         f"<h1>{esc(info['name'])}</h1><p>{esc(info['task'])}, variant {esc(info['variant'])}, version "
-        f"{esc(info['version'])} (ortpack server {esc(info['server']['version'])})</p>"
+        f"{esc(info['version'])} (ortpack server {esc(info['server']['version'])})</p>{space}"
         f"<ul>{links}</ul><h2>Routes</h2><ul>{routes}</ul>"
         "<p>Send JSON bodies with <code>Content-Type: application/json</code> (anything else is 415); "
         "<a href='/docs'>/docs</a> has an example request for each route.</p></body></html>"

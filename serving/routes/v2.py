@@ -13,7 +13,15 @@ from starlette.responses import Response
 
 from serving import __version__
 from serving.errors import InvalidRequestError, NotReadyError
-from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.http import (
+    RouteSpec,
+    check_model,
+    config_of,
+    json_response,
+    read_json_object,
+    service_of,
+    space_headers,
+)
 
 
 async def server_metadata(request: Request) -> Response:
@@ -43,6 +51,7 @@ async def model_ready(request: Request) -> Response:
 def model_metadata(request: Request) -> dict[str, Any]:
     service = service_of(request)
     runtime = service.runtime
+    space = service.space
     return {
         "name": service.model_name,
         "versions": [service.manifest.version],
@@ -56,6 +65,8 @@ def model_metadata(request: Request) -> dict[str, Any]:
             if service.node_check
             else None,
             "rejected_variants": [r.as_dict() | {"variant": r.variant_id} for r in service.rejected],
+            "embedding_space": space.model_dump() if space is not None else None,
+            "policy": {"require": list(config_of(request).require), "excluded": service.excluded},
         },
     }
 
@@ -113,7 +124,7 @@ async def infer(request: Request) -> Response:
     }
     if "id" in body:
         answer["id"] = body["id"]
-    return json_response(answer)
+    return json_response(answer, headers=space_headers(request))
 
 
 _INFER_ERRORS = (400, 404, 413, 415, 429, 503, 504)

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from serving.backend import TextEmbeddingBackend
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import embedding_metrics
-from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of, space_headers
 from serving.tasks import LoadContext, Prepare, ServingTask
 from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
 
@@ -116,7 +116,9 @@ async def embeddings(request: Request) -> Response:
     else:
         data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
     usage = {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens}
-    return json_response({"object": "list", "data": data, "model": service.model_name, "usage": usage})
+    return json_response(
+        {"object": "list", "data": data, "model": service.model_name, "usage": usage}, headers=space_headers(request)
+    )
 
 
 def _backend(session: Any, fields: dict[str, Any]) -> TextEmbeddingBackend:

@@ -1,0 +1,426 @@
+"""Will this bundle break my index? Compare the vector spaces of two text-embedding bundles.
+
+`diff_bundles(old, new, spec)` opens both bundles the way the server does (any bundle URI the
+server accepts, fetched by serving.sources and verified), runs paired variants (the same
+precision by default, every pair with `all_pairs`) through ONNX Runtime with the server's own
+tokenization, session and backend (serving.tasks) on two sets of texts:
+
+- the probe set: the probe sentences both bundles carry;
+- a retrieval set: queries (400 shipped support-desk questions) searching documents (the shipped
+  validation sentences), both overridable.
+
+Per pair it reports the cosine of old and new vectors of the same text (min/mean), neighbour
+agreement@k (each text's k nearest neighbours within its set, old vs new), and **cross-space
+retrieval**: the Recall@k of new-bundle queries against an index of old-bundle documents, where
+the truth is the old bundle's own top-k documents per query (so the old bundle scores 1.0 on its
+own; the ratio of the two is the verdict's number). It also gives the recall after re-indexing
+(new queries, new documents) for comparison.
+
+Verdicts: `drop-in` (every pair's ratio >= the budget: vectors from the new bundle can search an
+index built with the old one), `re-index` (a pair below it), `incompatible` (dimensions or
+normalisation differ: nothing is run). Two variants in the same embedding space
+(serving.bundle.EmbeddingSpace) compute the same vectors, so each space is embedded once.
+
+What it does not do: judge which bundle is *better* (there are no relevance labels here, only
+agreement with the old bundle), or compare other tasks than text embeddings.
+
+numpy, onnxruntime and tokenizers only (through serving): no torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.core.errors import InvalidSpecError
+from serving.bundle import Manifest, Variant, embedding_space
+
+log = logging.getLogger("ortpack.compat")
+
+DROP_IN, RE_INDEX, INCOMPATIBLE = "drop-in", "re-index", "incompatible"
+VERDICTS = (DROP_IN, RE_INDEX, INCOMPATIBLE)  # from best to worst
+EXIT_CODES = {DROP_IN: 0, RE_INDEX: 3, INCOMPATIBLE: 4}
+DEFAULT_BUDGET = 0.95
+NEIGHBOURS = 10
+BATCH = 16  # texts per model call for batch-invariant variants (not int8: see _embed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffSpec:
+    """How to compare: the recall budget, the neighbourhood size, which variant pairs, which texts
+    (empty: the shipped queries and documents), and ONNX Runtime threads (0: every core)."""
+
+    budget: float = DEFAULT_BUDGET
+    k: int = NEIGHBOURS
+    all_pairs: bool = False
+    queries: tuple[str, ...] = ()
+    documents: tuple[str, ...] = ()
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.budget <= 1.0:
+            raise InvalidSpecError(f"--budget must be in (0, 1], got {self.budget}")
+        if self.k < 1:
+            raise InvalidSpecError(f"-k must be >= 1, got {self.k}")
+        if self.threads < 0:
+            raise InvalidSpecError(f"--threads must be >= 0, got {self.threads}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairDiff:
+    """One old variant against one new variant."""
+
+    old: str
+    new: str
+    old_space: str | None
+    new_space: str | None
+    verdict: str
+    reason: str
+    dimensions: tuple[int, int]
+    normalize: tuple[bool, bool]
+    probe: dict[str, float] = field(default_factory=dict)  # texts, min/mean_cosine, neighbour_agreement
+    retrieval: dict[str, float] = field(default_factory=dict)  # the same, plus recall_* and recall_ratio
+
+    @property
+    def same_space(self) -> bool:
+        return self.old_space is not None and self.old_space == self.new_space
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleDiff:
+    """The comparison of two bundles: every pair, and the verdict (the worst pair's)."""
+
+    old: dict[str, Any]  # uri, name, version, spaces {variant: id}
+    new: dict[str, Any]
+    budget: float
+    k: int
+    texts: dict[str, int]  # probe, queries, documents
+    pairs: list[PairDiff]
+    seconds: float
+
+    @property
+    def verdict(self) -> str:
+        return max((p.verdict for p in self.pairs), key=VERDICTS.index)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["pairs"] = [asdict(p) | {"same_space": p.same_space} for p in self.pairs]
+        out.update(verdict=self.verdict, exit_code=self.exit_code)
+        return out
+
+    def table(self) -> str:
+        """A compact table: one row per pair, then the verdict."""
+        head = (
+            f"old: {self.old['name']} {self.old['version']} ({self.old['uri']})\n"
+            f"new: {self.new['name']} {self.new['version']} ({self.new['uri']})\n"
+            f"texts: {self.texts['probe']} probe, {self.texts['queries']} queries x {self.texts['documents']} "
+            f"documents; k={self.k}; budget {self.budget:g}"
+        )
+        nbr = f"nbr@{self.k}"
+        columns: tuple[str, ...] = ("pair", "space", "probe cos min/mean", nbr, "set cos min/mean", nbr)
+        columns += (f"cross R@{self.k}", "ratio", "verdict")
+        rows = [columns]
+        for p in self.pairs:
+            space = "same" if p.same_space else "differs"
+            if p.verdict == INCOMPATIBLE:
+                rows.append((f"{p.old} -> {p.new}", space, "-", "-", "-", "-", "-", "-", p.verdict))
+                continue
+            pr, rt = p.probe, p.retrieval
+            rows.append(
+                (
+                    f"{p.old} -> {p.new}",
+                    space,
+                    f"{pr['min_cosine']:.4f} / {pr['mean_cosine']:.4f}",
+                    f"{pr['neighbour_agreement']:.3f}",
+                    f"{rt['min_cosine']:.4f} / {rt['mean_cosine']:.4f}",
+                    f"{rt['neighbour_agreement']:.3f}",
+                    f"{rt['recall_cross']:.3f}",
+                    f"{rt['recall_ratio']:.3f}",
+                    p.verdict,
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        worst = self.worst_pair()
+        return "\n".join([head, *lines, f"verdict: {self.verdict}: {worst.old} -> {worst.new}: {worst.reason}"])
+
+    def worst_pair(self) -> PairDiff:
+        """The pair that decides the verdict: the worst verdict, then the lowest recall ratio."""
+        return max(self.pairs, key=lambda p: (VERDICTS.index(p.verdict), -p.retrieval.get("recall_ratio", 0.0)))
+
+
+def diff_bundles(old: str, new: str, spec: DiffSpec | None = None) -> BundleDiff:
+    """Compare bundle `new` with bundle `old` (directories or any URI the server accepts)."""
+    spec = spec or DiffSpec()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ortpack-diff-") as cache:
+        a, b = _open(old, Path(cache) / "old"), _open(new, Path(cache) / "new")
+        pairs = pair_variants(a.manifest, b.manifest, all_pairs=spec.all_pairs)
+        probe = _unique([*a.probe_texts(), *b.probe_texts()])
+        queries = _unique(spec.queries or _shipped_queries())
+        documents = _unique(spec.documents or _shipped_documents())
+        if not queries or not documents:
+            raise InvalidSpecError("the retrieval set needs at least one query and one document")
+        texts = [*probe, *queries, *documents]
+        embedded: dict[str, np.ndarray] = {}  # space id -> rows of `texts`
+        results = []
+        for vo, vn in pairs:
+            reason = incompatibility(a.manifest, b.manifest)
+            if reason:
+                results.append(_pair(a, b, vo, vn, INCOMPATIBLE, reason))
+                continue
+            rows_old = _embed(a, vo, texts, embedded, spec.threads)
+            rows_new = _embed(b, vn, texts, embedded, spec.threads)
+            cut_q, cut_d = len(probe), len(probe) + len(queries)
+            probe_numbers = compare_rows(rows_old[:cut_q], rows_new[:cut_q], spec.k) if probe else {}
+            retrieval = compare_rows(rows_old[cut_q:], rows_new[cut_q:], spec.k)
+            retrieval.update(
+                cross_space_recall(
+                    rows_old[cut_q:cut_d], rows_old[cut_d:], rows_new[cut_q:cut_d], rows_new[cut_d:], spec.k
+                )
+            )
+            ratio = retrieval["recall_ratio"]
+            verdict = DROP_IN if ratio >= spec.budget else RE_INDEX
+            reason = (
+                f"new queries find {ratio:.1%} of the old bundle's own top-{spec.k} documents in the old index "
+                f"({'at least' if verdict == DROP_IN else 'below'} the {spec.budget:g} budget)"
+            )
+            results.append(_pair(a, b, vo, vn, verdict, reason, probe=probe_numbers, retrieval=retrieval))
+        return BundleDiff(
+            old=a.summary(),
+            new=b.summary(),
+            budget=spec.budget,
+            k=spec.k,
+            texts={"probe": len(probe), "queries": len(queries), "documents": len(documents)},
+            pairs=results,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+
+
+# ---------------------------------------------------------------------------- the numbers
+
+
+def compare_rows(old: np.ndarray, new: np.ndarray, k: int) -> dict[str, float]:
+    """Cosine of old and new vectors of the same texts (min/mean), and neighbour agreement@k
+    (the share of each text's k nearest neighbours within the set that the new vectors keep)."""
+    from serving.gates import cosine_rows, neighbour_overlap
+
+    cos = cosine_rows(old, new)
+    return {
+        "texts": float(len(old)),
+        "min_cosine": float(cos.min()),
+        "mean_cosine": float(cos.mean()),
+        "neighbour_agreement": float(neighbour_overlap(old, new, k).mean()),
+    }
+
+
+def top_k(queries: np.ndarray, documents: np.ndarray, k: int) -> np.ndarray:
+    """Each query's k most cosine-similar documents (indices, best first; ties by index)."""
+    q = _unit(queries)
+    d = _unit(documents)
+    return np.argsort(-(q @ d.T), axis=1, kind="stable")[:, : min(k, len(documents))]
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each query's true top-k that `found` holds."""
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]))
+
+
+def cross_space_recall(
+    old_queries: np.ndarray, old_documents: np.ndarray, new_queries: np.ndarray, new_documents: np.ndarray, k: int
+) -> dict[str, float]:
+    """Recall@k against the old bundle's own top-k documents per query: of the old bundle on its
+    own (1.0), of new queries searching the old index (cross), and of the new bundle on a
+    re-indexed corpus; `recall_ratio` is cross / old."""
+    truth = top_k(old_queries, old_documents, k)
+    alone = recall(top_k(old_queries, old_documents, k), truth)
+    cross = recall(top_k(new_queries, old_documents, k), truth)
+    return {
+        "recall_old": alone,
+        "recall_cross": cross,
+        "recall_reindexed": recall(top_k(new_queries, new_documents, k), truth),
+        "recall_ratio": cross / alone if alone else 0.0,
+    }
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    x = rows.astype(np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+# ---------------------------------------------------------------------------- bundles and variants
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Side:
+    uri: str
+    path: Path
+    manifest: Manifest
+
+    def probe_texts(self) -> list[str]:
+        from serving.bundle import read_verified
+        from serving.probe import Probe
+
+        if self.manifest.probe is None:
+            return []
+        probe = Probe.from_bytes(read_verified(self.path, self.manifest, self.manifest.probe.file))
+        return [str(t) for t in probe.inputs]
+
+    def summary(self) -> dict[str, Any]:
+        spaces = {}
+        for v in self.manifest.variants:
+            space = embedding_space(self.manifest, v)
+            spaces[v.id] = space.id if space is not None else None
+        return {"uri": self.uri, "name": self.manifest.name, "version": self.manifest.version, "spaces": spaces}
+
+
+def _open(uri: str, cache: Path) -> _Side:
+    """Fetch (serving.sources: a directory is used in place) and verify every file's sha256."""
+    from serving.bundle import verify_bundle
+    from serving.sources import fetch_bundle
+
+    cache.mkdir(parents=True, exist_ok=True)
+    path = fetch_bundle(uri, cache)
+    manifest = verify_bundle(path)
+    if manifest.task != "text-embedding":
+        raise InvalidSpecError(f"bundle diff compares text-embedding bundles; {uri} is a {manifest.task} bundle")
+    return _Side(uri=uri, path=path, manifest=manifest)
+
+
+def pair_variants(old: Manifest, new: Manifest, *, all_pairs: bool = False) -> list[tuple[Variant, Variant]]:
+    """(old variant, new variant) pairs: those of the same precision, or every pair with
+    `all_pairs` (also when no precision is in both bundles)."""
+    same = [(a, b) for a in old.variants for b in new.variants if a.precision == b.precision]
+    if all_pairs or not same:
+        if not same and not all_pairs:
+            log.info("diff: no precision is in both bundles; comparing every pair")
+        return [(a, b) for a in old.variants for b in new.variants]
+    return same
+
+
+def incompatibility(old: Manifest, new: Manifest) -> str:
+    """Why vectors of the two bundles cannot share an index at all ("" when they could)."""
+    dims = (_width(old), _width(new))
+    if dims[0] != dims[1]:
+        return f"dimensions differ: {dims[0]} -> {dims[1]}"
+    norms = (_normalized(old), _normalized(new))
+    if norms[0] != norms[1]:
+        return f"normalisation differs: {'on' if norms[0] else 'off'} -> {'on' if norms[1] else 'off'}"
+    return ""
+
+
+def _width(manifest: Manifest) -> int:
+    width = manifest.outputs[0].shape[-1]
+    if not isinstance(width, int):
+        raise InvalidSpecError(f"bundle {manifest.name} does not record its embedding width (output shape {width!r})")
+    return width
+
+
+def _normalized(manifest: Manifest) -> bool:
+    return manifest.pooling is not None and manifest.pooling.normalize
+
+
+def _pair(a: _Side, b: _Side, vo: Variant, vn: Variant, verdict: str, reason: str, **numbers: Any) -> PairDiff:
+    so, sn = embedding_space(a.manifest, vo), embedding_space(b.manifest, vn)
+    return PairDiff(
+        old=vo.id,
+        new=vn.id,
+        old_space=so.id if so else None,
+        new_space=sn.id if sn else None,
+        verdict=verdict,
+        reason=reason,
+        dimensions=(_width(a.manifest), _width(b.manifest)),
+        normalize=(_normalized(a.manifest), _normalized(b.manifest)),
+        **numbers,
+    )
+
+
+def _embed(
+    side: _Side, variant: Variant, texts: Sequence[str], cache: dict[str, np.ndarray], threads: int
+) -> np.ndarray:
+    """The variant's rows for `texts`, as a server computes them: the bundle's tokenizer at its
+    max length, the verified model bytes in a session planned like the server's. int8 variants
+    run at batch 1 (dynamic quantization picks its scales per call, so a text's vector depends on
+    its batch: MiniLM, min cosine 0.949 between batch 1 and length-sorted batches of 16), the
+    others in length-sorted batches of `BATCH` (batch-invariant, and 1.7x faster on MiniLM fp32).
+    A space embedded already (the same model, tokenizer and settings) is reused."""
+    from serving.bundle import read_verified
+    from serving.runtime import create_session, plan_for
+    from serving.tasks import get_task
+
+    space = embedding_space(side.manifest, variant)
+    key = space.id if space is not None else f"{side.uri}#{variant.id}"
+    if key in cache:
+        return cache[key]
+    started = time.perf_counter()
+    manifest = side.manifest
+    if manifest.tokenizer is None:
+        raise InvalidSpecError(f"bundle {manifest.name} has no tokenizer settings")
+    fields = manifest.model_dump()
+    files = {manifest.tokenizer.file: read_verified(side.path, manifest, manifest.tokenizer.file)}
+    model = read_verified(side.path, manifest, variant.file)
+    session = create_session(model, plan_for(variant), intra_op_threads=threads)
+    task = get_task(manifest.task)
+    payloads = task.probe_prepare(fields, files)(list(texts))
+    run = task.backend(session, fields).run
+    size = 1 if variant.precision == "int8" else BATCH
+    order = np.argsort([len(p) for p in payloads], kind="stable")  # little padding in each batch
+    rows = np.zeros((len(payloads), _width(manifest)), dtype=np.float32)
+    for start in range(0, len(order), size):
+        chosen = order[start : start + size]
+        rows[chosen] = np.asarray(run([payloads[i] for i in chosen]), dtype=np.float32)
+    log.info("diff: %s %s: %d texts in %.1f s", manifest.name, variant.id, len(texts), time.perf_counter() - started)
+    cache[key] = rows
+    return rows
+
+
+def read_texts(path: Path) -> tuple[str, ...]:
+    """Texts from a file: one per line, or a `.jsonl` file of JSON strings (blank lines skipped)."""
+    import json
+
+    try:
+        lines = Path(path).read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSpecError(f"cannot read texts from {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if Path(path).suffix != ".jsonl":
+        return tuple(line for line in lines if line.strip())
+    texts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)
+        except ValueError:
+            text = None
+        if not isinstance(text, str):
+            raise InvalidSpecError(f"{path} line {number} is not a JSON string")
+        texts.append(text)
+    return tuple(texts)
+
+
+def _unique(texts: Sequence[str]) -> list[str]:
+    """Non-blank texts, each once, in order."""
+    return list(dict.fromkeys(t for t in texts if t.strip()))
+
+
+def _shipped_queries() -> tuple[str, ...]:
+    from components.core.validation_data import retrieval_queries
+
+    return retrieval_queries()
+
+
+def _shipped_documents() -> tuple[str, ...]:
+    from components.core.validation_data import validation_sentences
+
+    return validation_sentences()
