@@ -316,7 +316,7 @@ def computed_space(manifest: Manifest, variant: Variant) -> EmbeddingSpace | Non
     normalisation, output dimensions and max length. None for other tasks, or when a fact is
     missing (a file not listed, a dynamic output width)."""
     tokenizer, pooling = manifest.tokenizer, manifest.pooling
-    if manifest.task != "text-embedding" or tokenizer is None or pooling is None or not manifest.outputs:
+    if tokenizer is None or pooling is None or not manifest.outputs:  # pooling: only embeddings have it
         return None
     model, vocab = manifest.files.get(variant.file), manifest.files.get(tokenizer.file)
     width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None

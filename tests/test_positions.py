@@ -147,7 +147,9 @@ def test_export_and_server_stay_inside_the_table(model_type: str, pad_token_id: 
 
     session = ort.InferenceSession(str(tmp_path / "export" / "model.onnx"), providers=["CPUExecutionProvider"])
     ids = np.full((2, limit), 1000, dtype=np.int64)
-    session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})  # the full table, no error
+    feed = {i.name: ids if i.name == "input_ids" else np.ones_like(ids) for i in session.get_inputs()}
+    feed.update({name: np.zeros_like(ids) for name in feed if name == "token_type_ids"})
+    session.run(None, feed)  # the full table, no error
 
     variant = VariantSpec(target="cpu", precision="fp32")
     optimize_model(tmp_path / "export", variant, tmp_path / variant.id)

@@ -293,7 +293,7 @@ def _open(uri: str, cache: Path) -> _Side:
     cache.mkdir(parents=True, exist_ok=True)
     path = fetch_bundle(uri, cache)
     manifest = verify_bundle(path)
-    if manifest.task != "text-embedding":
+    if manifest.pooling is None:  # only embedding bundles pool their tokens into one vector
         raise InvalidSpecError(f"bundle diff compares text-embedding bundles; {uri} is a {manifest.task} bundle")
     return _Side(uri=uri, path=path, manifest=manifest)
 
