@@ -11,6 +11,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# A few timed calls per measurement, not seconds of them (components/core/timing.py): the tests check
+# that timings are taken and recorded, never their values. Subprocesses (the CLI, kfp.local's steps,
+# servers) inherit it.
+os.environ.setdefault("ORTPACK_TIMING", "quick")
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,8 @@ def test_a_load_watch_records_this_machine_before_and_after() -> None:
         assert record.before.runnable is not None and record.before.runnable >= 0
 
 
-def test_engines_are_timed_in_alternate_rounds_the_order_rotating() -> None:
+def test_engines_are_timed_in_alternate_rounds_the_order_rotating(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORTPACK_TIMING", raising=False)  # the full measurement, not the suite's quick one
     calls: list[str] = []
 
     def engine(name: str, ms: float) -> Timer:
@@ -90,6 +91,18 @@ def test_engines_are_timed_in_alternate_rounds_the_order_rotating() -> None:
     # one load record for the whole measurement, shared by both engines
     load = {k: v for k, v in out["pytorch"].items() if k.startswith(LOAD_PREFIX)}
     assert load and load == {k: v for k, v in out["onnxruntime"].items() if k.startswith(LOAD_PREFIX)}
+
+
+def test_quick_timing_takes_one_warm_up_and_three_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORTPACK_TIMING=quick (the suite's setting): whatever the caller's budget asks for."""
+    calls: list[str] = []
+    monkeypatch.setenv("ORTPACK_TIMING", "quick")
+    out = measure_interleaved({"a": lambda: calls.append("a") or 1.0}, warmup=3, min_iters=10, budget_s=60.0)
+    assert len(calls) == 4 and out["a"]["iters"] == 3.0
+    monkeypatch.setenv("ORTPACK_TIMING", "full")  # anything else: the caller's settings
+    calls.clear()
+    measure_interleaved({"a": lambda: calls.append("a") or 1.0}, warmup=2, min_iters=5, max_iters=5)
+    assert len(calls) == 7
 
 
 def test_measure_latency_keeps_its_keys_and_adds_the_load() -> None:
@@ -150,8 +163,10 @@ def test_a_model_latency_worker_answers_one_timed_call_at_a_time() -> None:
     assert json.loads(lines[3])["threads"] == 2 and json.loads(lines[3])["peak_rss_mb"] > 0
 
 
-def test_model_latency_times_its_workers_in_alternate_rounds_per_shape() -> None:
+def test_model_latency_times_its_workers_in_alternate_rounds_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.model_latency import SHAPES, measure
+
+    monkeypatch.delenv("ORTPACK_TIMING", raising=False)  # the benchmark's own warm-up and rounds
 
     asked: list[tuple[str, str]] = []
 

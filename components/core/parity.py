@@ -12,9 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from components.core.artifacts import ParityReport
+from components.core.artifacts import ParityReport, load_arrays
 from components.core.errors import one_line
 from components.core.specs import ParityThresholds
 from serving.gates import gate
@@ -40,7 +38,7 @@ def check_parity(
     from components.core.tasks import get_family
 
     reference_path = Path(reference_path)
-    ref = np.load(reference_path, allow_pickle=False)
+    ref = load_arrays(reference_path)
     task = str(ref["task"])
     family = get_family(task)
 

@@ -34,6 +34,14 @@ _LOAD_READS, _LOAD_READ_GAP_S = 5, 0.01
 # Between two engines' calls: an engine's thread pool spins for a while after a call (ORT's, OpenMP's)
 # and would take cores from the other engine's next call; neither pays this in production.
 SETTLE_S = 0.002
+# ORTPACK_TIMING=quick: one warm-up call and three timed rounds per engine, no time budget. The test
+# suite sets it (tests/conftest.py): it checks that every timing is taken, recorded and reported,
+# never its value, and seconds of timed calls per shape per build were a third of its run time.
+QUICK_TIMING_ENV, QUICK_WARMUP, QUICK_ITERS = "ORTPACK_TIMING", 1, 3
+
+
+def quick_timing() -> bool:
+    return os.environ.get(QUICK_TIMING_ENV, "") == "quick"
 
 
 # ---------------------------------------------------------------------------- load
@@ -206,6 +214,8 @@ def measure_interleaved(
 
     Runs at least `min_iters` rounds, then stops at `max_iters` or after `budget_s` per engine.
     """
+    if quick_timing():
+        warmup, min_iters, budget_s = min(warmup, QUICK_WARMUP), min(min_iters, QUICK_ITERS), 0.0
     names = list(timers)
     settle = SETTLE_S if len(names) > 1 else 0.0
     for name in names:
