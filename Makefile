@@ -36,7 +36,7 @@ run: $(STAMP)
 		--out dist/all-MiniLM-L6-v2 --force
 
 test: lint typecheck $(TRAINED)
-	$(PY) -m pytest -m "not images"
+	$(PY) -m pytest -m "not images" --durations=25
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not slow and not images"
