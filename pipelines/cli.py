@@ -73,30 +73,16 @@ def _floats3(value: str) -> tuple[float, float, float]:
     return numbers  # type: ignore[return-value]
 
 
-MODEL_OPTIONS = (
-    "task",
-    "name",
-    "max_length",
-    "weights",
-    "labels",
-    "resize_size",
-    "crop_size",
-    "mean",
-    "std",
-    "validation_images",
-    "calibration_images",
-    "allow_degenerate_reference",
-)
-
-
 def _model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[str, Any]:
     """The export parameters of a command's model options (components.core.build: one mapping
     from options to specs, shared with the pipeline's export step). `local`: directories of photos
     must exist here, and are named by absolute path (steps may run in another directory)."""
     from components.core.build import export_parameters
     from components.core.errors import InvalidSpecError
+    from components.core.specs import TASK_OPTIONS
 
-    params = export_parameters(**{k: getattr(args, k) for k in MODEL_OPTIONS})
+    options = ("task", "name", *TASK_OPTIONS, "allow_degenerate_reference")
+    params = export_parameters(**{k: getattr(args, k) for k in options})
     for key in ("validation_images", "calibration_images"):
         value = params["preprocessing"].get(key)
         if value and local:

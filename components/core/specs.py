@@ -116,7 +116,7 @@ def variant_grid(targets: list[str], precisions: list[str]) -> list[VariantSpec]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # ExportSpec fields that only some tasks read (each family lists its own in `options`)
-_TASK_OPTIONS = (
+TASK_OPTIONS = (
     "max_length",
     "weights",
     "labels",
@@ -160,7 +160,7 @@ class ExportSpec:
         from components.core.tasks import get_family
 
         family = get_family(self.task)  # an unknown task fails here, naming the known ones
-        given = [f.name for f in fields(self) if f.name in _TASK_OPTIONS and getattr(self, f.name) is not None]
+        given = [f.name for f in fields(self) if f.name in TASK_OPTIONS and getattr(self, f.name) is not None]
         foreign = [name for name in given if name not in family.options]
         if foreign:
             flags = and_list(["--" + name.replace("_", "-") for name in foreign])
