@@ -390,7 +390,11 @@ def test_modelcar_is_served_the_way_kserve_wires_it(
     """`ortpack bundle push --modelcar`: the image from a real registry runs as KServe's modelcar
     sidecar does (`sh -c "ln -sf /proc/$$/root/models /mnt/models && sleep infinity"`, the same
     user, a shared process namespace and an emptyDir at /mnt) beside the serving container with
-    ORTPACK_BUNDLE=/mnt/models and MODEL_INIT_MODE=async; the served vectors are the bundle's."""
+    ORTPACK_BUNDLE=/mnt/models and MODEL_INIT_MODE=async; the served vectors are the bundle's.
+
+    The emptyDir is a host directory with mode 0777, which is what Kubernetes makes an emptyDir:
+    podman's emptyDir volume came up root-owned 0755 in one CI run (it takes the permissions of
+    the image's /mnt), and then the non-root sidecar cannot create its link."""
     if engine.name != "podman":
         pytest.skip("kube play is podman's")
     pushed = _cli(
@@ -401,6 +405,9 @@ def test_modelcar_is_served_the_way_kserve_wires_it(
     modelcar = pushed.stdout.strip().splitlines()[-1].removeprefix("oci://")
     port = free_port()
     name = f"ortpack-modelcar-{port}"
+    provision = tmp_path / "kserve-provision-location"
+    provision.mkdir()
+    provision.chmod(0o777)
     security = {"runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False}
     pod = {
         "apiVersion": "v1",
@@ -429,7 +436,9 @@ def test_modelcar_is_served_the_way_kserve_wires_it(
                     "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt"}],
                 },
             ],
-            "volumes": [{"name": "kserve-provision-location", "emptyDir": {}}],
+            "volumes": [
+                {"name": "kserve-provision-location", "hostPath": {"path": str(provision), "type": "Directory"}}
+            ],
         },
     }
     manifest = tmp_path / "pod.yaml"
