@@ -16,7 +16,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from components.core.optimize import DYNAMIC_INT8_RECIPES, DynamicInt8
 from serving.hardware import describe, parse_cpuinfo, this_machine
+
+# The int8 search's recipes that quantize the test's [64, 8] MatMul (ffn-out-fp32 keeps a MatMul
+# that narrows its input in fp32, and quantizes the others as per-channel does).
+QUANTIZED_MATMUL_RECIPES = [r for r in DYNAMIC_INT8_RECIPES if not r.fp32_ffn_output]
 
 AVX2_EPYC = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -124,12 +129,14 @@ def _worst_case(k: int = 64, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
     return x, weights
 
 
-def test_shipped_int8_recipe_uses_7_bit_weights_on_every_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recipe", QUANTIZED_MATMUL_RECIPES, ids=lambda r: r.name)
+def test_shipped_int8_recipe_uses_7_bit_weights_on_every_cpu(tmp_path: Path, recipe: DynamicInt8) -> None:
+    """Every recipe the int8 search may pick (components/core/optimize.py DYNAMIC_INT8_RECIPES)."""
     from components.core.optimize import quantize_int8_dynamic
 
     _, weights = _worst_case()
     _matmul_model(tmp_path / "fp32.onnx", weights)
-    quantize_int8_dynamic(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    quantize_int8_dynamic(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", recipe=recipe)
     wq, _, wzp = _quantized_weights(tmp_path / "int8.onnx")
     assert wq.dtype == np.int8 and not wzp.any()
     # 7-bit weights: |w| <= 64, so two products of a u8 activation fit an int16: 255 * 64 * 2 < 32767
@@ -137,16 +144,26 @@ def test_shipped_int8_recipe_uses_7_bit_weights_on_every_cpu(tmp_path: Path) -> 
     assert 255 * int(np.abs(wq.astype(np.int64)).max()) * 2 <= 32767
 
 
-def test_shipped_int8_recipe_matches_exact_integer_math(tmp_path: Path) -> None:
-    """Whatever int8 kernel this CPU selects, the shipped recipe's graph (quantized, then
-    optimized offline as the optimize step ships it) equals exact int32 arithmetic."""
+def test_ffn_output_recipe_keeps_narrowing_matmuls_in_fp32(tmp_path: Path) -> None:
+    from components.core.optimize import quantize_int8_dynamic
+
+    _, weights = _worst_case()  # [64, 8]: narrows, as an FFN's second MatMul does
+    _matmul_model(tmp_path / "fp32.onnx", weights)
+    quantize_int8_dynamic(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", recipe=DynamicInt8(fp32_ffn_output=True))
+    assert [n.op_type for n in onnx.load(str(tmp_path / "int8.onnx")).graph.node] == ["MatMul"]
+
+
+@pytest.mark.parametrize("recipe", QUANTIZED_MATMUL_RECIPES, ids=lambda r: r.name)
+def test_shipped_int8_recipe_matches_exact_integer_math(tmp_path: Path, recipe: DynamicInt8) -> None:
+    """Whatever int8 kernel this CPU selects, each recipe's graph (quantized, then optimized
+    offline as the optimize step ships it) equals exact int32 arithmetic."""
     import onnxruntime as ort
 
     from components.core.optimize import ort_offline_optimize, quantize_int8_dynamic
 
     x, weights = _worst_case()
     _matmul_model(tmp_path / "fp32.onnx", weights)
-    quantize_int8_dynamic(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    quantize_int8_dynamic(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", recipe=recipe)
     ort_offline_optimize(tmp_path / "int8.onnx", tmp_path / "shipped.onnx", "extended", ["CPUExecutionProvider"])
     session = ort.InferenceSession(str(tmp_path / "shipped.onnx"), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": x})[0]

@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -119,10 +120,55 @@ def _to_fp16(model: Any) -> None:
     model.convert_float_to_float16(keep_io_types=True, node_block_list=fp32_nodes(model.model.graph))
 
 
-def quantize_int8_dynamic(src: Path, dst: Path, *, per_token: Sequence[str] = ()) -> None:
-    """Dynamic int8 quantization with per-channel, 7-bit weights (`reduce_range`); the MatMuls
-    whose node names match a `per_token` regex quantize their activations per token instead of
-    per tensor (`_per_token_matmuls`).
+@dataclass(frozen=True)
+class DynamicInt8:
+    """One dynamic int8 recipe for transformer graphs (`quantize_int8_dynamic`). Text embeddings
+    search over these (components/core/int8_search.py); the default is today's fixed recipe.
+
+    per_channel: one weight scale per output column (else one per tensor).
+    fp32_ffn_output: the MatMuls that narrow the hidden state back from the FFN's width (B is
+        [K, N] with K > N, the FFN's second projection, where outlier activations live) stay fp32.
+    int8_embeddings: the embedding tables are stored in 8 bits (u8, one scale per table; ONNX
+        Runtime's QEmbedLayerNormalization where the embeddings are fused, else Gather then
+        DequantizeLinear): MiniLM's 47 MB word table becomes 12 MB.
+    """
+
+    per_channel: bool = True
+    fp32_ffn_output: bool = False
+    int8_embeddings: bool = False
+
+    @property
+    def name(self) -> str:
+        base = "per-tensor" if not self.per_channel else "ffn-out-fp32" if self.fp32_ffn_output else "per-channel"
+        return base + ("+int8-embeddings" if self.int8_embeddings else "")
+
+
+# The MatMul recipes text embeddings search over, the default first (each within budget is then
+# also tried with int8 embedding tables). 8-bit s8 weights are not offered: their numbers depend
+# on the CPU (see quantize_int8_dynamic).
+DYNAMIC_INT8_RECIPES = (DynamicInt8(), DynamicInt8(per_channel=False), DynamicInt8(fp32_ffn_output=True))
+
+
+def ffn_output_matmuls(graph: Any) -> list[str]:
+    """MatMuls with a constant B of shape [K, N], K > N: the projections back from a wider
+    intermediate (the FFN's second MatMul in every encoder family here)."""
+    constants = {init.name: init for init in graph.initializer}
+    return [
+        node.name
+        for node in graph.node
+        if node.op_type == "MatMul"
+        and node.input[1] in constants
+        and len(constants[node.input[1]].dims) == 2
+        and constants[node.input[1]].dims[0] > constants[node.input[1]].dims[1]
+    ]
+
+
+def quantize_int8_dynamic(
+    src: Path, dst: Path, *, per_token: Sequence[str] = (), recipe: DynamicInt8 = DynamicInt8()
+) -> None:
+    """Dynamic int8 quantization with 7-bit weights (`reduce_range`), per channel unless the
+    `recipe` says otherwise; the MatMuls whose node names match a `per_token` regex quantize their
+    activations per token instead of per tensor (`_per_token_matmuls`).
 
     7 bits, not 8, because the numbers must not depend on the CPU: without AVX-512 VNNI (or
     AVX-VNNI, AMX) ONNX Runtime's u8 x s8 kernels add pairs of products in saturating int16, and
@@ -147,21 +193,26 @@ def quantize_int8_dynamic(src: Path, dst: Path, *, per_token: Sequence[str] = ()
 
     graph = onnx.load(str(src), load_external_data=False).graph
     constants = {init.name for init in graph.initializer}
+    fp32 = set(ffn_output_matmuls(graph)) if recipe.fp32_ffn_output else set()
     rows = {
         node.name
         for node in graph.node
         if node.op_type == "MatMul"
         and node.input[1] in constants
+        and node.name not in fp32
         and any(re.search(pattern, node.name) for pattern in per_token)
     }
+    ops = ["MatMul", "Attention", "Conv"]
+    if recipe.int8_embeddings:
+        ops += ["EmbedLayerNormalization", "Gather"]
     quantize_dynamic(
         str(src),
         str(dst),
-        per_channel=True,
+        per_channel=recipe.per_channel,
         reduce_range=True,
         weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Attention", "Conv"],
-        nodes_to_exclude=sorted(rows),
+        op_types_to_quantize=ops,
+        nodes_to_exclude=sorted(rows | fp32),
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     if rows:

@@ -189,9 +189,10 @@ def timed(fn: Callable[[], object]) -> Timer:
 
 
 def latency_stats(times_ms: Sequence[float]) -> dict[str, float]:
-    """p50/p95/p99/mean in milliseconds and the number of timed calls."""
+    """p50/p95/p99/mean/min in milliseconds and the number of timed calls."""
     arr = np.asarray(times_ms, dtype=float)
     return {
+        "min_ms": float(arr.min()),
         "p50_ms": float(np.percentile(arr, 50)),
         "p95_ms": float(np.percentile(arr, 95)),
         "p99_ms": float(np.percentile(arr, 99)),

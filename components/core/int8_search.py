@@ -1,0 +1,179 @@
+"""Choose an int8 recipe by measuring the candidates, not by a fixed rule.
+
+A task hands `search` its candidates (a name and a function that writes the quantized graph), a
+`judge` that measures one candidate's quality and says what it misses of the parity budget, and
+the benchmark feeds. Every candidate is built and judged; those within budget are then timed
+together (interleaved, `components.core.timing.measure_interleaved`, so a busy machine slows
+them alike; each one's fastest call per shape, the geometric mean over the shapes), and the
+winner is:
+
+    the fastest, where any candidate within `TIE` (10 %) of the fastest counts as fast, then the
+    smallest file among those, then the earlier candidate.
+
+The tie keeps the choice stable from run to run and machine to machine when two recipes run at
+the same speed (the smaller one wins, not the noise). When no candidate is within budget the one
+the task's `fallback` key ranks best is kept and the validate step reports its miss. The rule is
+the same on every CPU kind; candidates whose numbers depend on the CPU (8-bit s8 weights without
+VNNI) are not offered. The validate step gates the winner on the whole validation set, and the
+node probe re-checks it where it is served.
+
+`search` returns what the optimize step records as `metrics["int8"]`: the recipe, the rule, and
+every candidate's numbers, which the report shows as a table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("ortpack.int8")
+
+TIE = 1.10  # latencies within 10 % of the fastest count as equally fast
+RULE = "fastest within the parity budget (within 10 % counts as a tie), then smallest"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    build: Callable[[Path], None]  # writes the quantized graph to the path
+
+
+@dataclass(frozen=True)
+class Judged:
+    quality: dict[str, float]
+    misses: list[str]
+
+
+def search(
+    candidates: Sequence[Candidate],
+    dst: Path,
+    *,
+    judge: Callable[[Path], Judged],
+    feeds: dict[str, dict[str, Any]],
+    fallback: Callable[[dict[str, Any]], Any],
+    expand: Callable[[str], Sequence[Candidate]] = lambda name: (),
+) -> dict[str, Any]:
+    """Build and judge `candidates`, then, for each one within budget, the candidates `expand`
+    derives from it (a recipe plus one more saving); time the passing ones on `feeds` ({shape:
+    session feeds}); copy the winner to `dst`. Returns the record for `metrics["int8"]`."""
+    work = dst.parent
+    table: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
+
+    def try_one(candidate: Candidate) -> bool:
+        path = work / f"{dst.stem}.{candidate.name}.onnx"
+        candidate.build(path)
+        judged = judge(path)
+        paths[candidate.name] = path
+        table[candidate.name] = {
+            **{k: round(v, 6) for k, v in judged.quality.items()},
+            "mb": round(path.stat().st_size / 1e6, 2),
+            "passed": not judged.misses,
+            "misses": judged.misses,
+        }
+        log.info(
+            "int8 candidate %s: %.1f MB, %s",
+            candidate.name,
+            table[candidate.name]["mb"],
+            "; ".join(judged.misses) if judged.misses else "within budget",
+        )
+        return not judged.misses
+
+    for candidate in candidates:
+        if try_one(candidate):
+            for derived in expand(candidate.name):
+                try_one(derived)
+    passing = [name for name, row in table.items() if row["passed"]]
+    if passing:
+        speeds = time_candidates({name: paths[name] for name in passing}, feeds)
+        for name, shapes in speeds.items():
+            table[name]["latency_ms"] = shapes
+            table[name]["speed_ms"] = round(_geomean(shapes.values()), 4)
+        winner = choose({name: (table[name]["speed_ms"], table[name]["mb"]) for name in passing})
+    else:
+        winner = max(table, key=lambda name: fallback(table[name]))
+        log.warning("int8: no candidate is within the parity budget; keeping %s (the validate step reports it)", winner)
+    shutil.copyfile(paths[winner], dst)
+    log.info("int8 recipe: %s (%s)", winner, RULE)
+    return {"recipe": winner, "rule": RULE, "candidates": table}
+
+
+def choose(measured: dict[str, tuple[float, float]]) -> str:
+    """The winner among {name: (speed ms, MB)} in insertion order: within TIE of the fastest,
+    then the smallest, then the first."""
+    fastest = min(speed for speed, _ in measured.values())
+    fast = [name for name, (speed, _) in measured.items() if speed <= TIE * fastest]
+    return min(fast, key=lambda name: (measured[name][1], list(measured).index(name)))
+
+
+def time_candidates(paths: dict[str, Path], feeds: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each graph's fastest call in ms per feed shape, the candidates measured interleaved on one
+    thread each (the server's one-thread-per-core workers). The fastest call, not the median: it
+    is the least disturbed by whatever else runs, and the search compares recipes, not loads."""
+    from functools import partial
+
+    from components.core.timing import measure_interleaved, timed
+
+    sessions = {name: _session(path) for name, path in paths.items()}
+    out: dict[str, dict[str, float]] = {name: {} for name in paths}
+    for shape, feed in feeds.items():
+        calls = {name: timed(partial(session.run, None, feed)) for name, session in sessions.items()}
+        stats = measure_interleaved(calls, warmup=1, min_iters=3, max_iters=50, budget_s=1.0)
+        for name in paths:
+            out[name][shape] = round(stats[name]["min_ms"], 4)
+    return out
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    from serving.runtime import DISABLED_OPTIMIZERS
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS
+    )
+
+
+def _geomean(values: Any) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+def table(record: dict[str, Any]) -> list[list[str]]:
+    """The search as rows (a header first) for the report: every candidate with its size, its
+    numbers, its latency per shape, and whether it shipped, was within budget or what it missed.
+    Also reads the image tasks' record (candidates without sizes or latencies)."""
+    rows = record.get("candidates", {})
+    if not rows:
+        return []
+    skip = {"passed", "misses", "latency_ms", "speed_ms", "mb"}
+    quality = list(dict.fromkeys(k for row in rows.values() for k in row if k not in skip))
+    shapes = list(dict.fromkeys(s for row in rows.values() for s in row.get("latency_ms", {})))
+    sized = any("mb" in row for row in rows.values())
+    header = ["recipe", *(["MB"] if sized else []), *quality, *(f"{s} ms" for s in shapes), "outcome"]
+    out = [header]
+    for name, row in rows.items():
+        if name == record.get("recipe"):
+            outcome = "shipped"
+        elif row.get("passed", not row.get("misses")):
+            outcome = "within budget"
+        else:
+            outcome = "; ".join(row.get("misses", [])) or "missed"
+        out.append(
+            [
+                name,
+                *([f"{row['mb']:.1f}" if "mb" in row else "-"] if sized else []),
+                *(f"{row[k]:.4f}" if isinstance(row.get(k), float) else "-" for k in quality),
+                *(f"{row['latency_ms'][s]:.2f}" if s in row.get("latency_ms", {}) else "-" for s in shapes),
+                outcome,
+            ]
+        )
+    return out

@@ -1,0 +1,71 @@
+"""The int8 recipe search (components/core/int8_search.py): every candidate is measured, the rule
+picks the winner from the recorded numbers, and the shipped graph is the winner's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from components.core.artifacts import OptimizeResult
+from components.core.int8_search import TIE, choose
+from components.core.optimize import DYNAMIC_INT8_RECIPES
+
+
+def test_rule_fastest_then_smallest_then_first() -> None:
+    # within the tie, the smaller wins; outside it, speed does
+    assert choose({"a": (10.0, 50.0), "b": (10.0 * TIE * 0.99, 20.0)}) == "b"
+    assert choose({"a": (10.0, 50.0), "b": (10.0 * TIE * 1.01, 20.0)}) == "a"
+    assert choose({"a": (10.0, 20.0), "b": (9.5, 20.0)}) == "a"  # a tie on both: the earlier
+    assert choose({"slow": (30.0, 5.0), "fast": (10.0, 50.0), "fast-small": (10.5, 40.0)}) == "fast-small"
+
+
+def _rows(variant: Path) -> tuple[str, dict[str, dict]]:
+    int8 = OptimizeResult.load(variant).metrics["int8"]
+    return int8["recipe"], int8["candidates"]
+
+
+def test_every_recipe_is_measured_and_the_rule_picks_the_winner(tiny_variants: dict[str, Path]) -> None:
+    recipe, rows = _rows(tiny_variants["cpu-int8"])
+    # the three weight recipes are always tried; each one within budget also with int8 embeddings
+    assert {r.name for r in DYNAMIC_INT8_RECIPES} <= set(rows)
+    for name, row in rows.items():
+        assert row["passed"] == (not row["misses"])
+        assert "probe_min_cosine" in row and row["mb"] > 0
+        if row["passed"]:
+            assert {"recall_at_10", "neighbour_agreement", "min_cosine", "speed_ms"} <= set(row)
+            assert f"{name}+int8-embeddings" in rows or name.endswith("+int8-embeddings")
+    passing = {n: (r["speed_ms"], r["mb"]) for n, r in rows.items() if r["passed"]}
+    assert passing, rows
+    assert recipe == choose(passing)
+    # an int8 embedding table makes the file smaller than the same recipe without it
+    for name in passing:
+        if name.endswith("+int8-embeddings"):
+            assert rows[name]["mb"] < rows[name.removesuffix("+int8-embeddings")]["mb"]
+
+
+def test_winner_is_what_ships(tiny_variants: dict[str, Path]) -> None:
+    recipe, _ = _rows(tiny_variants["cpu-int8"])
+    ops = OptimizeResult.load(tiny_variants["cpu-int8"]).metrics["ops_after"]
+    import onnx
+
+    graph = onnx.load(str(tiny_variants["cpu-int8"] / "model.onnx")).graph
+    quantized_embeddings = any(n.op_type == "QEmbedLayerNormalization" for n in graph.node)
+    assert quantized_embeddings == recipe.endswith("+int8-embeddings"), (recipe, ops)
+
+
+def test_no_candidate_within_budget_keeps_the_best_and_the_gate_reports_it(
+    tiny_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget nothing meets (Recall@10 above 1): every candidate is measured and misses, the one
+    with the best recall ships, and its record says why."""
+    from components.core.optimize import optimize_model
+    from components.core.specs import VariantSpec
+    from components.core.tasks import text_embedding
+
+    monkeypatch.setattr(text_embedding, "SEARCH_MIN_RECALL", 1.01)
+    optimize_model(tiny_export, VariantSpec(target="cpu", precision="int8"), tmp_path / "int8")
+    recipe, rows = _rows(tmp_path / "int8")
+    assert rows and not any(r["passed"] for r in rows.values())
+    assert all(any("recall_at_10" in m or "probe:" in m for m in r["misses"]) for r in rows.values())
+    assert recipe == max(rows, key=lambda n: (rows[n].get("recall_at_10", 0.0), rows[n]["probe_min_cosine"]))
