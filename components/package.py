@@ -18,15 +18,19 @@ def package_bundle(
     summary: Output[Markdown],
     verdict: Output[Dataset],
     metrics: Output[Metrics],
+    baseline_bundle: str = "",
+    require_compatible: bool = False,
+    compatibility_budget: float = 0.95,
     cpu_variants: Input[list[Model]] = None,
     cuda_variants: Input[list[Model]] = None,
 ) -> str:
     """Write the report, the bundle (model.onnx per passing variant, tokenizer, manifest.json,
-    report.html; signed when given a key) and the verdict.
+    report.html; signed when given a key) and the verdict; with a baseline bundle, compare the new
+    bundle with it first (`ortpack bundle diff`) and record the verdict in all of them.
 
-    This step does not fail when no variant passed: a failed step's outputs are not kept on a
-    Kubeflow backend, so the verdict, report, summary and metrics are written and the gate step
-    after it fails the run.
+    This step does not fail when nothing ships (no variant passed, or the baseline comparison was
+    required and is not a drop-in): a failed step's outputs are not kept on a Kubeflow backend, so
+    the verdict, report, summary and metrics are written and the gate step after it fails the run.
 
     Args:
         exported: The export step's directory.
@@ -37,7 +41,12 @@ def package_bundle(
         report: report.html: latency, agreement and size plots, the numbers, the versions.
         summary: A Markdown table of every variant.
         verdict: verdict.json: passed, every variant's misses, the version, manifest sha256.
-        metrics: variants.built, variants.passed, bundle.mb, and <variant>.<metric> per variant.
+        metrics: variants.built, variants.passed, bundle.mb, <variant>.<metric> per variant, and
+            compat.* with a baseline (drop_in, verdict_code, recall_ratio, min_cosine, ...).
+        baseline_bundle: A text-embedding bundle to compare with (a path as the step sees it, or
+            any URI the server accepts); empty: no comparison.
+        require_compatible: Ship nothing unless the new bundle is a drop-in for the baseline.
+        compatibility_budget: The cross-space recall ratio a drop-in must reach.
         cpu_variants: Every cpu branch's measured variant.
         cuda_variants: Every cuda branch's measured variant.
 
@@ -60,6 +69,9 @@ def package_bundle(
         version=version,
         run_id=run_id,
         sign_key=sign_key,
+        baseline_bundle=baseline_bundle,
+        require_compatible=require_compatible,
+        compatibility_budget=compatibility_budget,
     )
     for key, value in out.metrics.items():
         metrics.log_metric(key, value)
@@ -71,8 +83,8 @@ def package_bundle(
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
 def check_gate(verdict: Input[Dataset]) -> str:
-    """Fail the run, with the one-line reason, when the package step's verdict says that no
-    variant passed its parity gate.
+    """Fail the run, with the one-line reason, when the package step's verdict says that nothing
+    ships (no variant passed its parity gate, or the required baseline comparison failed).
 
     Args:
         verdict: The package step's verdict.

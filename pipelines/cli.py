@@ -170,11 +170,79 @@ def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[
         version=resolve_version(args.version or "", uuid.uuid4().hex),
         allow_off_target_validation=args.allow_off_target_validation,
         publish_to=(args.publish_to or "").strip(),
+        **_baseline_parameters(args, local=local),
     )
     targets = _validate_arguments(
         arguments, source=source, default_name=name, targets=_csv(args.targets), precisions=_csv(args.precisions)
     )
     return targets, arguments, str(arguments["name"])
+
+
+def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, Any]:
+    """The baseline comparison's pipeline parameters. `local` (`run`): a path must name a bundle
+    here (a directory, its manifest.json, or a .tar), and is passed by absolute path; a directory
+    must hold a text-embedding bundle. `submit` passes a path as is (the package step reads it)."""
+    from components.core.errors import InvalidSpecError
+    from pipelines.package_model import COMPATIBILITY_BUDGET
+
+    baseline = (args.baseline_bundle or "").strip()
+    if not baseline and (args.require_compatible or args.compatibility_budget is not None):
+        given = "--require-compatible" if args.require_compatible else "--compatibility-budget"
+        raise InvalidSpecError(f"{given} applies only with --baseline-bundle")
+    if baseline and local and "://" not in baseline:
+        from serving.bundle import MANIFEST_NAME, read_manifest
+
+        path = Path(baseline).expanduser()
+        path = path.parent if path.name == MANIFEST_NAME else path
+        if not path.exists():
+            raise InvalidSpecError(f"--baseline-bundle: no bundle at {baseline}")
+        if path.is_dir():
+            manifest = read_manifest(path)
+            if manifest.pooling is None:
+                raise InvalidSpecError(
+                    f"--baseline-bundle: {baseline} is a {manifest.task} bundle; only text-embedding bundles "
+                    "are compared (as `ortpack bundle diff` does)"
+                )
+        baseline = str(path.resolve())  # steps may run in another directory
+    budget = args.compatibility_budget
+    return {
+        "baseline_bundle": baseline,
+        "require_compatible": bool(args.require_compatible),
+        "compatibility_budget": COMPATIBILITY_BUDGET if budget is None else float(budget),
+    }
+
+
+# the schemes serving.sources fetches a bundle from (with plain paths)
+BUNDLE_SCHEMES = ("file", "http", "https", "s3", "minio", "oci")
+
+
+def _validate_baseline(arguments: dict[str, Any]) -> None:
+    """Refuse a baseline comparison the package step could not make, before any step runs."""
+    from components.core.errors import InvalidSpecError
+    from components.core.sources import uri_scheme
+
+    baseline = str(arguments.get("baseline_bundle") or "")
+    if not baseline:
+        if arguments.get("require_compatible"):
+            raise InvalidSpecError("require_compatible needs a baseline bundle (--baseline-bundle URI)")
+        return
+    from components.core.tasks import get_family
+
+    task = str(arguments.get("task"))
+    if not get_family(task).embedding_space:
+        raise InvalidSpecError(
+            f"--baseline-bundle compares text-embedding bundles (as `ortpack bundle diff` does); this run "
+            f"packages a {task} model"
+        )
+    budget = arguments.get("compatibility_budget")
+    if not isinstance(budget, int | float) or isinstance(budget, bool) or not 0.0 < budget <= 1.0:
+        raise InvalidSpecError(f"--compatibility-budget must be in (0, 1], got {budget}")
+    scheme = uri_scheme(baseline)
+    if scheme and scheme not in BUNDLE_SCHEMES:
+        raise InvalidSpecError(
+            f"--baseline-bundle takes a bundle directory or URI ({', '.join(f'{s}://' for s in BUNDLE_SCHEMES)}): "
+            f"{baseline}"
+        )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -200,6 +268,7 @@ def _validate_arguments(
     in_use = list(dict.fromkeys(v.target for v in variants))
     for target in in_use:
         arguments[f"{target}_precisions"] = [v.precision for v in variants if v.target == target]
+    _validate_baseline(arguments)
     publish_to = arguments.get("publish_to") or ""
     if publish_to:
         from components.core.sources import uri_scheme
@@ -257,6 +326,15 @@ def _print_published(run_dir: Path) -> None:
         print(f"published: {uri}")
 
 
+def _print_compatibility(run_dir: Path) -> None:
+    """The verdict against the baseline bundle, in one line, when the run compared with one."""
+    from pipelines.local import run_verdict
+
+    verdict = run_verdict(run_dir)
+    if verdict is not None and verdict.compatibility:
+        print(f"compatibility: {verdict.compatibility['summary']}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from components.core.errors import InvalidSpecError
     from components.core.report import format_summary
@@ -284,7 +362,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise InvalidSpecError(str(exc)) from None
         runner = docker_runner(image, run_id)
         root = Path(args.pipeline_root)
-        arguments = stage_local_inputs(arguments, ("model_uri", "weights", "labels", "sign_key"), root)
+        arguments = stage_local_inputs(
+            arguments, ("model_uri", "weights", "labels", "sign_key", "baseline_bundle"), root
+        )
         arguments["preprocessing"] = stage_local_inputs(
             arguments["preprocessing"], ("validation_images", "calibration_images"), root
         )
@@ -317,6 +397,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     export, records = load_run_records(result.run_dir)
     print(format_summary(export, records))
     print(f"bundle: {out} ({', '.join(r.variant_id for r in records if r.passed)}), report: {out / 'report.html'}")
+    _print_compatibility(result.run_dir)
     _print_published(result.run_dir)
     print(f"run: {result.run_dir} (log: {result.log_file})")
     return 0
@@ -854,6 +935,29 @@ def _add_graph(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_baseline(p: argparse.ArgumentParser) -> None:
+    from pipelines.package_model import COMPATIBILITY_BUDGET
+
+    p.add_argument(
+        "--baseline-bundle",
+        metavar="URI",
+        help="text-embedding models: compare the new bundle with this one (a directory, or any URI ortpack-serve "
+        "--bundle takes) as `ortpack bundle diff` does; the verdict goes into the report, verdict and metrics",
+    )
+    p.add_argument(
+        "--require-compatible",
+        action="store_true",
+        help="with --baseline-bundle: ship nothing and fail the run unless the new bundle is a drop-in for it",
+    )
+    p.add_argument(
+        "--compatibility-budget",
+        type=float,
+        metavar="F",
+        help=f"with --baseline-bundle: the cross-space recall ratio a drop-in must reach (default: "
+        f"{COMPATIBILITY_BUDGET})",
+    )
+
+
 def _add_publish(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--publish-to",
@@ -910,6 +1014,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --runner docker: the image every step runs in (default: $ORTPACK_COMPONENT_IMAGE, else the "
         "image `make images` builds)",
     )
+    _add_baseline(p)
     _add_publish(p)
 
     p = command("compile", cmd_compile, "compile the package_model pipeline to KFP YAML (byte-identical every time)")
@@ -922,6 +1027,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p, required=False)
     _add_variants(p)
     _add_graph(p)
+    _add_baseline(p)
     _add_publish(p)
     p.add_argument(
         "--params",
@@ -943,7 +1049,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--secret",
         default="ortpack-credentials",
         help="Kubernetes secret with the model store's and registry's credentials, mounted (optional) into the "
-        "steps that read the model or publish (default: ortpack-credentials)",
+        "steps that read the model, fetch the baseline bundle or publish (default: ortpack-credentials)",
     )
     p.add_argument(
         "--signing-secret",

@@ -17,7 +17,8 @@ honoured only from backend 2.15), `dsl.Collected` of artifacts needs backend 2.1
 A variant that misses its gate does not stop the others: validate returns its verdict instead of
 failing (kfp.local cannot collect over a failed or skipped loop iteration), benchmark skips a
 missed variant, package writes the verdict without failing (a failed step's outputs are lost on
-the backend), and the gate step then fails the run when no variant passed. Only `kfp` is imported
+the backend), and the gate step then fails the run when no variant passed (or, with
+`require_compatible`, when the new bundle is no drop-in for `baseline_bundle`). Only `kfp` is imported
 here (and no `from __future__ import annotations`: KFP reads the pipeline signature's types).
 """
 
@@ -50,6 +51,7 @@ SIGNING_SECRET = "ortpack-signing-key"
 SIGNING_DIR = "/var/run/secrets/ortpack/signing"
 SIGNING_KEY = f"{SIGNING_DIR}/key.pem"
 MODEL_MOUNT = "/mnt/models"  # where --model-pvc mounts its claim
+COMPATIBILITY_BUDGET = 0.95  # = components.core.compat.DEFAULT_BUDGET (not imported here: numpy)
 # (cpu, memory) requests = limits per step, run-time parameters `<step>_cpu` / `<step>_memory`
 RESOURCES = {
     "export": ("2", "8Gi"),
@@ -161,6 +163,9 @@ def make_pipeline(
         allow_off_target_validation: bool = False,
         sign_key: str = "",
         publish_to: str = "",
+        baseline_bundle: str = "",
+        require_compatible: bool = False,
+        compatibility_budget: float = COMPATIBILITY_BUDGET,
         credentials_secret: str = CREDENTIALS_SECRET,
         signing_secret: str = SIGNING_SECRET,
         export_cpu: str = RESOURCES["export"][0],
@@ -202,9 +207,17 @@ def make_pipeline(
                 it (/var/run/secrets/ortpack/signing/key.pem from the signing secret); empty: unsigned.
             publish_to: After the gate passed, push to oci://HOST/REPO[:TAG] or upload a tar to
                 s3://BUCKET/PREFIX/ (or minio://); empty: no publish step.
+            baseline_bundle: Text-embedding models: the bundle an index was built with (any URI
+                the server accepts, oci://, s3://, https://..., or a path as the package step sees
+                it); the new bundle is compared with it as `ortpack bundle diff` does, and the
+                verdict (drop-in, re-index, incompatible) goes into the report, verdict and metrics.
+            require_compatible: Ship nothing and fail the run unless the new bundle is a drop-in
+                for baseline_bundle (without it the verdict is only recorded).
+            compatibility_budget: The cross-space recall ratio a drop-in must reach (0 to 1].
             credentials_secret: Kubernetes secret (optional) mounted for the steps that read the
-                model or publish: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL,
-                HF_TOKEN, gcs.json, ORTPACK_REGISTRY_USERNAME/PASSWORD.
+                model, fetch the baseline bundle or publish: AWS_ACCESS_KEY_ID,
+                AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, HF_TOKEN, gcs.json,
+                ORTPACK_REGISTRY_USERNAME/PASSWORD.
             signing_secret: Kubernetes secret (optional) with key.pem (and password) for sign_key.
             export_cpu: CPU request and limit of the export step.
             export_memory: Memory request and limit of the export step.
@@ -256,11 +269,15 @@ def make_pipeline(
             version=version,
             run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             sign_key=sign_key,
+            baseline_bundle=baseline_bundle,
+            require_compatible=require_compatible,
+            compatibility_budget=compatibility_budget,
             **measured,
         )
         cached(packaged.set_display_name("package"), False).set_container_image(cpu_image)
         _resources(packaged, package_cpu, package_memory)
         _with_secret(packaged, signing_secret, SIGNING_DIR)
+        _with_secret(packaged, credentials_secret, CREDENTIALS_DIR)  # to fetch the baseline bundle
         gate = check_gate(verdict=packaged.outputs["verdict"])
         cached(gate.set_display_name("gate")).set_container_image(cpu_image)
         _resources(gate, *SMALL_STEP)

@@ -213,6 +213,7 @@ def test_secrets_are_optional_volumes_named_by_parameters() -> None:
         ("exec-export-model", CREDENTIALS_DIR): "credentials_secret",
         ("exec-publish-bundle", CREDENTIALS_DIR): "pipelinechannel--credentials_secret",
         ("exec-package-bundle", SIGNING_DIR): "signing_secret",
+        ("exec-package-bundle", CREDENTIALS_DIR): "credentials_secret",  # it fetches the baseline bundle
     }
     from components.core.sources import CREDENTIALS_DIR as LIBRARY_DIR
 

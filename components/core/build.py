@@ -29,6 +29,7 @@ from components.core.specs import BuildSpec, ExportSpec, thresholds_for
 
 if TYPE_CHECKING:
     from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
+    from components.core.compat import BaselineCheck
     from serving.bundle import Manifest
 
 log = logging.getLogger("ortpack.build")
@@ -361,21 +362,39 @@ def run_package_step(
     version: str,
     run_id: str,
     sign_key: str = "",
+    baseline_bundle: str = "",
+    require_compatible: bool = False,
+    compatibility_budget: float = 0.95,  # compat.DEFAULT_BUDGET (not imported here: numpy)
 ) -> StepOutput:
     """The package step: the report and summary, then the bundle of every variant that passed
     (signed when `sign_key` names a private key), then the verdict (`package.Verdict`).
 
-    It does not fail when no variant passed (a failed step's outputs are lost on the backend):
-    the verdict says so, and the gate step fails the run from it."""
-    from components.core.artifacts import VariantRecord
+    With a `baseline_bundle` (text-embedding only), the bundle is first written to a scratch
+    directory and compared with the baseline (`compat.check_baseline`, what `ortpack bundle diff`
+    does), so that report.html inside the bundle carries the verdict; with `require_compatible`, a
+    verdict other than drop-in ships nothing, like a build where no variant passed.
+
+    It does not fail when nothing ships (a failed step's outputs are lost on the backend): the
+    verdict says so, and the gate step fails the run from it. A baseline that cannot be compared
+    fails the step (`InvalidSpecError`, one line)."""
+    from components.core.artifacts import ExportResult, VariantRecord
     from components.core.errors import NoVariantPassedError, one_line
     from components.core.package import Verdict, package_bundle, sign_written_bundle
     from components.core.report import write_report
     from serving.bundle import MANIFEST_NAME, sha256_file
 
     export_dir = Path(export_dir)
+    export = ExportResult.load(export_dir)
+    from components.core.tasks import get_family
+
+    if baseline_bundle and not get_family(export.task).embedding_space:  # refused before any other work
+        raise InvalidSpecError(
+            f"a baseline bundle is compared as `ortpack bundle diff` does, for text-embedding bundles only; "
+            f"this run packages a {export.task} model"
+        )
+    if require_compatible and not baseline_bundle:
+        raise InvalidSpecError("require_compatible needs a baseline_bundle to compare with")
     records = sorted((VariantRecord.load(Path(d)) for d in variant_dirs), key=lambda r: r.variant_id)
-    write_report(export_dir, records, Path(report_html), Path(summary_md))
     metrics = {"variants.built": float(len(records)), "variants.passed": float(sum(r.passed for r in records))}
     for rec in records:
         for key, value in rec.parity.metrics().items():
@@ -384,13 +403,30 @@ def run_package_step(
             metrics[f"{rec.variant_id}.{key}"] = value
     version = resolve_version(version, run_id)
     misses = {r.variant_id: list(r.parity.misses) for r in records}
-    from components.core.artifacts import ExportResult
-
-    name = ExportResult.load(export_dir).name
+    check = None
+    if baseline_bundle and any(r.passed for r in records):
+        check = _compare_with_baseline(
+            export_dir, records, version, baseline_bundle, budget=compatibility_budget, required=require_compatible
+        )
+        metrics.update(check.metrics())
+    write_report(export_dir, records, Path(report_html), Path(summary_md), compatibility=check)
+    compatibility = check.as_dict() if check else None
+    if check is not None and check.blocks:
+        verdict = Verdict(
+            passed=False,
+            name=export.name,
+            version=version,
+            variants=misses,
+            reason=check.summary(),
+            compatibility=compatibility,
+        )
+        verdict.save(Path(verdict_dir))
+        log.error("package: %s", verdict.reason)
+        return StepOutput(metrics=metrics, metadata={"passed": False, "version": version}, passed=False)
     try:
         manifest = package_bundle(export_dir, records, Path(bundle_dir), version=version, report_html=Path(report_html))
     except NoVariantPassedError as exc:
-        verdict = Verdict(passed=False, name=name, version=version, variants=misses, reason=one_line(exc))
+        verdict = Verdict(passed=False, name=export.name, version=version, variants=misses, reason=one_line(exc))
         verdict.save(Path(verdict_dir))
         log.error("package: %s", verdict.reason)
         return StepOutput(metrics=metrics, metadata={"passed": False, "version": version}, passed=False)
@@ -404,18 +440,45 @@ def run_package_step(
         variants=misses,
         manifest_sha256=sha256_file(Path(bundle_dir) / MANIFEST_NAME),
         signed=bool(sign_key),
+        compatibility=compatibility,
     )
     verdict.save(Path(verdict_dir))
-    return StepOutput(
-        metrics=metrics,
-        metadata={
-            "name": manifest.name,
-            "version": manifest.version,
-            "variants": [v.id for v in manifest.variants],
-            "manifest_sha256": verdict.manifest_sha256,
-            "signed": verdict.signed,
-        },
-    )
+    metadata = {
+        "name": manifest.name,
+        "version": manifest.version,
+        "variants": [v.id for v in manifest.variants],
+        "manifest_sha256": verdict.manifest_sha256,
+        "signed": verdict.signed,
+    }
+    if check is not None:
+        metadata["compatibility"] = check.diff.verdict
+    return StepOutput(metrics=metrics, metadata=metadata)
+
+
+def _compare_with_baseline(
+    export_dir: Path, records: list[VariantRecord], version: str, baseline: str, *, budget: float, required: bool
+) -> BaselineCheck:
+    """Write the bundle to a scratch directory (without its report, which is to hold the verdict)
+    and compare it with the baseline; credentials come from the mounted secret, as for the model."""
+    from components.core.compat import check_baseline
+    from components.core.package import package_bundle
+    from components.core.sources import load_credentials
+
+    loaded = load_credentials()
+    if loaded:
+        log.info("package: credentials from the mounted secret: %s", ", ".join(loaded))
+    log.info("package: comparing the bundle with the baseline %s", baseline)
+    scratch = Path(tempfile.mkdtemp(prefix="ortpack-compat-"))
+    try:
+        package_bundle(export_dir, records, scratch / "bundle", version=version)
+        check = check_baseline(baseline, scratch / "bundle", budget=budget, required=required)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if check.drop_in:
+        log.info("package: %s (compared in %.1f s)", check.summary(), check.diff.seconds)
+    elif not check.blocks:  # a blocking verdict is logged as the step's error
+        log.warning("package: %s (compared in %.1f s)", check.summary(), check.diff.seconds)
+    return check
 
 
 def run_gate_step(verdict_dir: Path) -> str:

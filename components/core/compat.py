@@ -21,6 +21,9 @@ index built with the old one), `re-index` (a pair below it), `incompatible` (dim
 normalisation differ: nothing is run). Two variants in the same embedding space
 (serving.bundle.EmbeddingSpace) compute the same vectors, so each space is embedded once.
 
+The pipeline's package step uses it through `check_baseline` (its `baseline_bundle` parameter):
+a `BaselineCheck` carries the diff, its KFP metrics and whether it stops the build.
+
 What it does not do: judge which bundle is *better* (there are no relevance labels here, only
 agreement with the old bundle), or compare other tasks than text embeddings.
 
@@ -206,6 +209,75 @@ def diff_bundles(old: str, new: str, spec: DiffSpec | None = None) -> BundleDiff
             pairs=results,
             seconds=round(time.perf_counter() - started, 3),
         )
+
+
+# ---------------------------------------------------------------------------- a build against its baseline
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineCheck:
+    """A new build compared with the bundle it is to replace (the pipeline's `baseline_bundle`):
+    the diff, and whether a verdict other than drop-in stops the build (`required`)."""
+
+    baseline: str  # the URI or path as given
+    diff: BundleDiff
+    required: bool = False
+
+    @property
+    def drop_in(self) -> bool:
+        return self.diff.verdict == DROP_IN
+
+    @property
+    def blocks(self) -> bool:
+        """Nothing may ship: a drop-in was required and this is not one."""
+        return self.required and not self.drop_in
+
+    def summary(self) -> str:
+        """One line: the verdict, the baseline, why (the pair that decides the verdict), and
+        whether that stops the build."""
+        worst = self.diff.worst_pair()
+        line = f"{self.diff.verdict} against the baseline {self.baseline}: {worst.old} -> {worst.new}: {worst.reason}"
+        return f"{line}; nothing ships (require_compatible)" if self.blocks else line
+
+    def metrics(self) -> dict[str, float]:
+        """KFP metrics, numbers only: the verdict (1/0, and its exit code 0/3/4), the budget, the
+        deciding pair's retrieval-set numbers, then each pair's as `compat.OLD.NEW.<name>`."""
+        names = ("recall_ratio", "min_cosine", "neighbour_agreement")
+        worst = self.diff.worst_pair()
+        out = {
+            "compat.drop_in": float(self.drop_in),
+            "compat.verdict_code": float(self.diff.exit_code),
+            "compat.budget": float(self.diff.budget),
+            "compat.required": float(self.required),
+        }
+        out.update({f"compat.{name}": worst.retrieval[name] for name in names if name in worst.retrieval})
+        for pair in self.diff.pairs:  # an incompatible pair has no numbers
+            out.update({f"compat.{pair.old}.{pair.new}.{n}": pair.retrieval[n] for n in names if n in pair.retrieval})
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "required": self.required, "summary": self.summary(), **self.diff.as_dict()}
+
+
+def check_baseline(
+    baseline: str, new_bundle: Path, *, budget: float = DEFAULT_BUDGET, required: bool = False
+) -> BaselineCheck:
+    """Compare a bundle a build just wrote (`new_bundle`, a directory) with `baseline` (a directory
+    or any URI the server accepts). Anything that stops the comparison (the baseline missing,
+    unreachable, tampered with, not a text-embedding bundle) is one `InvalidSpecError` line."""
+    import dataclasses
+
+    from components.core.errors import OrtpackError, one_line
+
+    if not 0.0 < budget <= 1.0:
+        raise InvalidSpecError(f"the compatibility budget must be in (0, 1], got {budget}")
+    try:
+        diff = diff_bundles(baseline, str(new_bundle), DiffSpec(budget=budget))
+    except (OrtpackError, ValueError, OSError, RuntimeError) as exc:
+        raise InvalidSpecError(f"cannot compare with the baseline bundle: {one_line(exc)}") from None
+    # the new bundle was compared where the build wrote it for the purpose; name it by what it is
+    diff = dataclasses.replace(diff, new={**diff.new, "uri": "this build"})
+    return BaselineCheck(baseline=baseline, diff=diff, required=required)
 
 
 # ---------------------------------------------------------------------------- the numbers

@@ -130,9 +130,11 @@ class Verdict:
     name: str
     version: str
     variants: dict[str, list[str]]  # variant id -> its misses ([] when it passed)
-    reason: str = ""  # one line, when nothing passed
+    reason: str = ""  # one line, when nothing ships
     manifest_sha256: str | None = None
     signed: bool = False
+    # the comparison with `baseline_bundle` (compat.BaselineCheck.as_dict), when one was given
+    compatibility: dict[str, Any] | None = None
 
     def save(self, directory: Path) -> Path:
         directory = Path(directory)

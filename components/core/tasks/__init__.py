@@ -73,6 +73,9 @@ class TaskFamily:
     # transformer fusions before the precision conversion:
     # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
     fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
+    # its outputs are vectors an index stores: `ortpack bundle diff` and the pipeline's baseline
+    # check (components/core/compat.py) apply
+    embedding_space: bool = False
 
 
 @cache
