@@ -169,12 +169,34 @@ class BenchmarkSection(_Strict):
     threads: int = 0
 
 
+class Int8Candidate(_Strict):
+    """One int8 recipe the optimize step tried (components/core/int8_search.py): its quality
+    numbers by name, whether it was within the parity budget and what it missed, its size, and
+    for those within budget its latency per benchmark shape and the speed the rule ranked."""
+
+    quality: dict[str, float] = Field(default_factory=dict)
+    passed: bool | None = None
+    misses: list[str] = Field(default_factory=list)
+    mb: float | None = None
+    latency_ms: dict[str, float] = Field(default_factory=dict)
+    speed_ms: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_only(cls, data: Any) -> Any:
+        """Bundles from before the search recorded each candidate as its numbers alone."""
+        if isinstance(data, dict) and data and all(isinstance(v, int | float) for v in data.values()):
+            return {"quality": data}
+        return data
+
+
 class Int8Recipe(_Strict):
-    """How an int8 variant was quantized: the recipe chosen and, where the task tried several,
-    each candidate's numbers on the validation set (components/core/optimize.py)."""
+    """How an int8 variant was quantized: the recipe chosen, the rule that chose it and, where the
+    task tried several, every candidate (components/core/int8_search.py)."""
 
     recipe: str
-    candidates: dict[str, dict[str, float]] = Field(default_factory=dict)
+    rule: str = ""
+    candidates: dict[str, Int8Candidate] = Field(default_factory=dict)
 
 
 class OptimizeSection(_Strict):

@@ -31,9 +31,10 @@ def test_every_recipe_is_measured_and_the_rule_picks_the_winner(tiny_variants: d
     assert {r.name for r in DYNAMIC_INT8_RECIPES} <= set(rows)
     for name, row in rows.items():
         assert row["passed"] == (not row["misses"])
-        assert "probe_min_cosine" in row and row["mb"] > 0
+        assert "probe_min_cosine" in row["quality"] and row["mb"] > 0
         if row["passed"]:
-            assert {"recall_at_10", "neighbour_agreement", "min_cosine", "speed_ms"} <= set(row)
+            assert {"recall_at_10", "neighbour_agreement", "min_cosine"} <= set(row["quality"])
+            assert row["speed_ms"] > 0 and set(row["latency_ms"]) == {"b1_s16", "b16_s128"}
             assert f"{name}+int8-embeddings" in rows or name.endswith("+int8-embeddings")
     passing = {n: (r["speed_ms"], r["mb"]) for n, r in rows.items() if r["passed"]}
     assert passing, rows
@@ -42,6 +43,27 @@ def test_every_recipe_is_measured_and_the_rule_picks_the_winner(tiny_variants: d
     for name in passing:
         if name.endswith("+int8-embeddings"):
             assert rows[name]["mb"] < rows[name.removesuffix("+int8-embeddings")]["mb"]
+
+
+def test_the_manifest_carries_the_search_and_reads_older_records(tiny_bundle: Path) -> None:
+    from serving.bundle import Int8Recipe, verify_bundle
+
+    int8 = verify_bundle(tiny_bundle).variant("cpu-int8").optimize.int8
+    assert int8 is not None and int8.recipe in int8.candidates and int8.rule
+    assert int8.candidates[int8.recipe].passed
+    # a bundle from before the search: each candidate was its numbers alone
+    old = Int8Recipe.model_validate({"recipe": "s7", "candidates": {"s7": {"top1_agreement": 0.9}}})
+    assert old.candidates["s7"].quality == {"top1_agreement": 0.9} and old.candidates["s7"].passed is None
+
+
+def test_the_report_shows_every_candidate(tiny_variants: dict[str, Path]) -> None:
+    from components.core.int8_search import table
+
+    record = OptimizeResult.load(tiny_variants["cpu-int8"]).metrics["int8"]
+    rows = table(record)
+    assert rows[0][0] == "recipe" and rows[0][-1] == "outcome"
+    assert [r[0] for r in rows[1:]] == list(record["candidates"])
+    assert [r[-1] for r in rows[1:]].count("shipped") == 1
 
 
 def test_winner_is_what_ships(tiny_variants: dict[str, Path]) -> None:
@@ -68,4 +90,7 @@ def test_no_candidate_within_budget_keeps_the_best_and_the_gate_reports_it(
     recipe, rows = _rows(tmp_path / "int8")
     assert rows and not any(r["passed"] for r in rows.values())
     assert all(any("recall_at_10" in m or "probe:" in m for m in r["misses"]) for r in rows.values())
-    assert recipe == max(rows, key=lambda n: (rows[n].get("recall_at_10", 0.0), rows[n]["probe_min_cosine"]))
+    best = max(
+        rows, key=lambda n: (rows[n]["quality"].get("recall_at_10", 0.0), rows[n]["quality"]["probe_min_cosine"])
+    )
+    assert recipe == best

@@ -71,7 +71,7 @@ def search(
         judged = judge(path)
         paths[candidate.name] = path
         table[candidate.name] = {
-            **{k: round(v, 6) for k, v in judged.quality.items()},
+            "quality": {k: round(v, 6) for k, v in judged.quality.items()},
             "mb": round(path.stat().st_size / 1e6, 2),
             "passed": not judged.misses,
             "misses": judged.misses,
@@ -96,7 +96,7 @@ def search(
             table[name]["speed_ms"] = round(_geomean(shapes.values()), 4)
         winner = choose({name: (table[name]["speed_ms"], table[name]["mb"]) for name in passing})
     else:
-        winner = max(table, key=lambda name: fallback(table[name]))
+        winner = max(table, key=lambda name: fallback(table[name]["quality"]))
         log.warning("int8: no candidate is within the parity budget; keeping %s (the validate step reports it)", winner)
     shutil.copyfile(paths[winner], dst)
     log.info("int8 recipe: %s (%s)", winner, RULE)
@@ -150,29 +150,29 @@ def _geomean(values: Any) -> float:
 def table(record: dict[str, Any]) -> list[list[str]]:
     """The search as rows (a header first) for the report: every candidate with its size, its
     numbers, its latency per shape, and whether it shipped, was within budget or what it missed.
-    Also reads the image tasks' record (candidates without sizes or latencies)."""
-    rows = record.get("candidates", {})
+    `record` is the optimize step's `metrics["int8"]` (or the manifest's, as a dict)."""
+    rows = record.get("candidates") or {}
     if not rows:
         return []
-    skip = {"passed", "misses", "latency_ms", "speed_ms", "mb"}
-    quality = list(dict.fromkeys(k for row in rows.values() for k in row if k not in skip))
-    shapes = list(dict.fromkeys(s for row in rows.values() for s in row.get("latency_ms", {})))
-    sized = any("mb" in row for row in rows.values())
+    quality = list(dict.fromkeys(k for row in rows.values() for k in row.get("quality", {})))
+    shapes = list(dict.fromkeys(s for row in rows.values() for s in row.get("latency_ms") or {}))
+    sized = any(row.get("mb") is not None for row in rows.values())
     header = ["recipe", *(["MB"] if sized else []), *quality, *(f"{s} ms" for s in shapes), "outcome"]
     out = [header]
     for name, row in rows.items():
+        numbers, latency = row.get("quality", {}), row.get("latency_ms") or {}
         if name == record.get("recipe"):
             outcome = "shipped"
-        elif row.get("passed", not row.get("misses")):
+        elif row.get("passed") is not False and not row.get("misses"):
             outcome = "within budget"
         else:
-            outcome = "; ".join(row.get("misses", [])) or "missed"
+            outcome = "; ".join(row.get("misses") or []) or "missed"
         out.append(
             [
                 name,
-                *([f"{row['mb']:.1f}" if "mb" in row else "-"] if sized else []),
-                *(f"{row[k]:.4f}" if isinstance(row.get(k), float) else "-" for k in quality),
-                *(f"{row['latency_ms'][s]:.2f}" if s in row.get("latency_ms", {}) else "-" for s in shapes),
+                *([f"{row['mb']:.1f}" if row.get("mb") is not None else "-"] if sized else []),
+                *(f"{numbers[k]:.4f}" if k in numbers else "-" for k in quality),
+                *(f"{latency[s]:.2f}" if s in latency else "-" for s in shapes),
                 outcome,
             ]
         )

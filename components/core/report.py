@@ -26,6 +26,7 @@ from serving.gates import GATES, margins
 from serving.hardware import HardwareInfo
 
 if TYPE_CHECKING:
+    from components.core.compat import BaselineCheck
     from serving.bundle import Variant
 
 Row = tuple[str, ...]
@@ -790,6 +791,30 @@ def parity_tables(records: Sequence[VariantRecord]) -> str:
     )
 
 
+def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
+    """Per int8 variant whose recipe was chosen among several, the table of every candidate
+    (components/core/int8_search.py): what each measured, its size and speed, which shipped."""
+    from components.core.int8_search import table
+
+    parts = []
+    for rec in records:
+        record = rec.built.metrics.get("int8") or {}
+        rows = table(record)
+        if len(rows) < 2:
+            continue
+        # the image tasks take the first recipe within the int8 gate, the recipes fastest first
+        rule = str(record.get("rule") or "the first within the int8 gate, the recipes ordered fastest first")
+        variant = html.escape(rec.variant_id)
+        parts += [
+            f"<h2 id='int8-search-{variant}'>int8 recipe search: {variant}</h2>",
+            f"<p>Every candidate was built and measured; the winner is {html.escape(rule)}. Latency: each "
+            "candidate's fastest call in ms, one thread, the candidates interleaved. The validate step then "
+            "gates the winner on the whole validation set.</p>",
+            _table(rows),
+        ]
+    return parts
+
+
 def _built_rows(records: Sequence[VariantRecord]) -> list[list[Any]]:
     rows: list[list[Any]] = [
         [
@@ -830,11 +855,47 @@ def _img(alt: str, png: str) -> str:
     return f"<img alt='{alt}' src='data:image/png;base64,{png}'>"
 
 
-def render_html(export: ExportResult, records: Sequence[VariantRecord], versions: dict[str, str]) -> str:
+def compatibility_section(check: BaselineCheck) -> str:
+    """The "Compatibility with the baseline" section: the verdict against the bundle this build is
+    to replace (the pipeline's `baseline_bundle`), what it meant for this build, and `ortpack
+    bundle diff`'s table. A box of its own, red when the new bundle cannot search the baseline's
+    index."""
+    diff = check.diff
+    if check.blocks:
+        outcome = "Nothing ships: the pipeline required a drop-in (require_compatible)."
+    elif check.drop_in:
+        outcome = "Vectors of this bundle can search an index built with the baseline."
+    else:
+        outcome = "Shipped: compatibility was recorded, not required. Re-index before serving this bundle."
+    old = f"{diff.old['name']} {diff.old['version']}"
+    worst = diff.worst_pair()
+    return "\n".join(
+        [
+            "<h2 id='compatibility'>Compatibility with the baseline</h2>",
+            f"<section class='verdict{'' if check.drop_in else ' none'}'>",
+            f"<p class='choice'><span class='{'pass' if check.drop_in else 'miss'}'>{html.escape(diff.verdict)}</span>"
+            f" against <code>{html.escape(check.baseline)}</code> <span class='quiet'>({html.escape(old)})</span></p>",
+            f"<p>{html.escape(f'{worst.old} -> {worst.new}: {worst.reason}')}. {html.escape(outcome)}</p>",
+            f"<pre>{html.escape(diff.table())}</pre>",
+            "<p class='quiet'>Cross-space retrieval: new-bundle queries searching an index of baseline documents, "
+            f"against the baseline's own top-{diff.k} per query; the ratio is the verdict's number (budget "
+            f"{diff.budget:g}). See <code>ortpack bundle diff</code>.</p>",
+            "</section>",
+        ]
+    )
+
+
+def render_html(
+    export: ExportResult,
+    records: Sequence[VariantRecord],
+    versions: dict[str, str],
+    compatibility: BaselineCheck | None = None,
+) -> str:
     spec = get_family(export.task).report
     passed = sum(r.passed for r in records)
     misses = [r.parity.summary() for r in records if not r.passed]
     loaded = load_verdict(export, records)[1]
+    blocked = [compatibility.summary()] if compatibility is not None and compatibility.blocks else []
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>ortpack report: {html.escape(export.name)}</title><style>{_CSS}</style></head><body>",
@@ -843,7 +904,9 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
         f"source <code>{html.escape(str(export.source.get('id')))}</code>, "
         f"{int(export.metrics.get('validation_samples', 0))} validation {html.escape(spec.unit)}.</p>",
         *(f"<p class='miss'>{html.escape(b)}</p>" for b in banners(export, records)),
+        *(f"<p class='miss'>{html.escape(line)}.</p>" for line in blocked),
         verdict_box(export, records),
+        compatibility_section(compatibility) if compatibility else "",
         "<h2>Summary</h2>",
         _table(summary_rows(export, records)),
         f"<p>{html.escape(measured_under(export, records))}</p>",
@@ -868,6 +931,7 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
         parity_tables(records),
         "<h2>What each variant was built for</h2>",
         _table(_built_rows(records)),
+        *int8_search_sections(records),
         "<h2>Where it was proven</h2>",
         "<p>Each check ran on the machine below. A serving node replays the probe set through the variant "
         "it is about to serve and applies the same gate before it turns ready; int8 numbers depend on the "
@@ -881,9 +945,15 @@ def render_html(export: ExportResult, records: Sequence[VariantRecord], versions
 
 
 def write_report(
-    export_dir: Path, records: Sequence[VariantRecord], html_path: Path, markdown_path: Path | None = None
+    export_dir: Path,
+    records: Sequence[VariantRecord],
+    html_path: Path,
+    markdown_path: Path | None = None,
+    *,
+    compatibility: BaselineCheck | None = None,
 ) -> None:
-    """Write report.html (and the Markdown summary) for a build's step records."""
+    """Write report.html (and the Markdown summary) for a build's step records, with the
+    comparison with a baseline bundle when there was one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -891,6 +961,9 @@ def write_report(
 
     export = ExportResult.load(export_dir)
     versions = {**export.versions, "onnxruntime": onnxruntime.__version__}
-    Path(html_path).write_text(render_html(export, records, versions), encoding="utf-8")
+    Path(html_path).write_text(render_html(export, records, versions, compatibility), encoding="utf-8")
     if markdown_path is not None:
-        Path(markdown_path).write_text(markdown_summary(export, records), encoding="utf-8")
+        summary = markdown_summary(export, records)
+        if compatibility is not None:
+            summary += f"\n**Compatibility with the baseline:** {compatibility.summary()}\n"
+        Path(markdown_path).write_text(summary, encoding="utf-8")

@@ -237,20 +237,21 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path) 
 
     images = calibration_images(export_dir)
     thresholds = THRESHOLDS["int8"].as_dict()
-    tried: dict[str, dict[str, float]] = {}
+    tried: dict[str, dict[str, Any]] = {}
     chosen = None
     ref = load_arrays(export_dir / export.reference_file)  # read once, not per recipe
     for recipe in STATIC_INT8_RECIPES:
         candidate = dst.with_name(f"{dst.stem}.{recipe}.onnx")
         quantize_int8_static(src, candidate, images, recipe)
         values = compare(_session(candidate, DISABLED_OPTIMIZERS), ref, export_dir).values
-        tried[recipe] = {k: values[k] for k in ("top1_agreement", "top5_agreement", "max_abs_diff") if k in values}
         misses = gate(values, thresholds)
+        quality = {k: values[k] for k in ("top1_agreement", "top5_agreement", "max_abs_diff") if k in values}
+        tried[recipe] = {"quality": quality, "passed": not misses, "misses": misses}
         log.info("int8 recipe %s: %s", recipe, "; ".join(misses) if misses else "passes")
         if not misses:
             chosen = recipe
             break
-    chosen = chosen or max(tried, key=lambda r: tried[r]["top1_agreement"])
+    chosen = chosen or max(tried, key=lambda r: tried[r]["quality"]["top1_agreement"])
     shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
     return {"recipe": chosen, "candidates": tried}
 

@@ -329,6 +329,7 @@ FAMILY = TaskFamily(
     quantize_int8=quantize_int8,
     select_probe=select_probe,
     fuse=fuse,
+    embedding_space=True,
     report=ReportSpec(
         columns=(
             ("max|diff|", "max_abs_diff", ".2g"),
