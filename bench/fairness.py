@@ -5,7 +5,7 @@
 
 One ortpack server on the bundle (int8, default options). Each round posts one request of 300
 texts of 4 KB (truncated to the model's max length), and while it runs, a single sentence (16-32
-tokens, from bench/data/queries.jsonl) every 50 ms, open loop (each probe leaves on time however
+tokens, from components/core/data/retrieval_queries.jsonl) every 50 ms, open loop (each probe leaves on time however
 long the others wait, like independent users). Reported: the probes' p50/p99/max latency and
 count, and the big request's latency. `--server-root` runs the server from another checkout (e.g. the code
 before a change) with this script's load. Prints a table and merges the run into

@@ -4,8 +4,9 @@ ortpack's server, on the same bundle's model, in one run.
     python bench/serve_load.py [--bundle dist/all-MiniLM-L6-v2] [--seconds 10]
 
 Load comes from `wrk` (C, closed loop: each connection sends its next request when the last is
-answered), posting single sentences of 16-32 tokens from bench/data/queries.jsonl at concurrency
-1, 8 and 32, and 16-sentence requests at concurrency 8. Every server gets a discarded warm-up
+answered), posting single sentences of 16-32 tokens from the shipped queries
+(components/core/data/retrieval_queries.jsonl) at concurrency 1, 8 and 32, and 16-sentence
+requests at concurrency 8. Every server gets a discarded warm-up
 run first. Reported per run: requests/s, sentences/s, p50/p99 latency, errors (non-2xx and
 socket), peak RSS of the server's process tree, and its CPU time per request; per server: cold
 start (process start to readiness 200). Also: the offline bound (the same variant called directly,
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from components.core.timing import LoadRecord, LoadWatch  # noqa: E402
 
 LUA = ROOT / "bench" / "wrk" / "post_bodies.lua"
-QUERIES = ROOT / "bench" / "data" / "queries.jsonl"
+QUERIES = ROOT / "components" / "core" / "data" / "retrieval_queries.jsonl"  # the shipped queries
 WORKLOADS = [("1 sentence", 1, 1), ("1 sentence", 8, 1), ("1 sentence", 32, 1), ("16 sentences", 8, 16)]
 
 

@@ -23,14 +23,16 @@ from tests.trained import mpnet_dir
 
 pytestmark = pytest.mark.slow
 
-QUERIES = Path(__file__).parent.parent / "bench" / "data" / "queries.jsonl"
 MAX_LENGTH = 128
 
 
 def _heldout(n: int) -> list[str]:
-    import json
+    """Shipped queries the build never saw: the int8 search judges its candidates on the first
+    SEARCH_QUERIES, the gate on the validation sentences."""
+    from components.core.tasks.text_embedding import SEARCH_QUERIES
+    from components.core.validation_data import retrieval_queries
 
-    return [json.loads(line) for line in QUERIES.read_text().splitlines()[:n]]
+    return list(retrieval_queries()[SEARCH_QUERIES : SEARCH_QUERIES + n])
 
 
 def _serve(bundle: Path, variant: str, texts: list[str], log_dir: Path) -> np.ndarray:

@@ -22,9 +22,10 @@ def validation_sentences() -> tuple[str, ...]:
 
 @cache
 def retrieval_queries() -> tuple[str, ...]:
-    """400 short questions people ask support desks and search boxes (a copy of
-    bench/data/queries.jsonl, shipped with the package): the queries of `ortpack bundle diff`'s
-    retrieval set, whose documents are the validation sentences."""
+    """400 short questions people ask support desks and search boxes, shipped with the package:
+    the queries of `ortpack bundle diff`'s retrieval set (whose documents are the validation
+    sentences), the first 64 also the int8 search's (tasks/text_embedding.py SEARCH_QUERIES), and
+    the benchmarks' short inputs (bench/serve_load.py)."""
     text = resources.files("components.core").joinpath("data/retrieval_queries.jsonl").read_text("utf-8")
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
