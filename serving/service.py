@@ -45,7 +45,7 @@ PREFERENCE = {"cuda": ("fp16", "fp32"), "cpu": ("int8", "fp32")}
 TARGET_PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 
 
-def _measured_p50(variant: Variant, hardware: HardwareInfo) -> float | None:
+def measured_p50(variant: Variant, hardware: HardwareInfo) -> float | None:
     """The bundle's first benchmark shape, if it was measured on a CPU with no feature this one
     lacks (a VNNI machine's int8 numbers say nothing about an AVX2-only one)."""
     bench = variant.benchmark
@@ -62,7 +62,7 @@ def _ranking(
 ) -> Callable[[Variant], tuple[float, str]]:
     """Sort key: by measured p50 when every candidate was measured on this kind of CPU, else by
     precision preference (fp32 last)."""
-    measured = {v.id: p50 for v in candidates if (p50 := _measured_p50(v, hardware)) is not None}
+    measured = {v.id: p50 for v in candidates if (p50 := measured_p50(v, hardware)) is not None}
     by_speed = len(measured) == len(candidates)
 
     def key(v: Variant) -> tuple[float, str]:

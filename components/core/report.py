@@ -232,9 +232,9 @@ def _as_variants(records: Sequence[VariantRecord]) -> list[Variant]:
 
 def _ranked_by_speed(candidates: Sequence[Variant], hardware: HardwareInfo) -> bool:
     """True when the server ranks these by their benchmark: each was measured on this kind of CPU."""
-    from serving.service import _measured_p50
+    from serving.service import measured_p50
 
-    return all(_measured_p50(v, hardware) is not None for v in candidates)
+    return all(measured_p50(v, hardware) is not None for v in candidates)
 
 
 def _p50(rec: VariantRecord, shape: str) -> str:
