@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from components.core.artifacts import OptimizeResult
-from components.core.int8_search import TIE, choose
+from components.core.int8_search import TIE, choose, ranked
 from components.core.optimize import DYNAMIC_INT8_RECIPES
 
 
@@ -18,6 +18,11 @@ def test_rule_fastest_then_smallest_then_first() -> None:
     assert choose({"a": (10.0, 50.0), "b": (10.0 * TIE * 1.01, 20.0)}) == "a"
     assert choose({"a": (10.0, 20.0), "b": (9.5, 20.0)}) == "a"  # a tie on both: the earlier
     assert choose({"slow": (30.0, 5.0), "fast": (10.0, 50.0), "fast-small": (10.5, 40.0)}) == "fast-small"
+
+
+def test_ranked_is_the_rule_applied_again_to_the_rest() -> None:
+    measured = {"a": (10.0, 50.0), "b": (10.5, 20.0), "c": (30.0, 5.0), "d": (10.2, 20.0)}
+    assert ranked(measured) == ["b", "d", "a", "c"]
 
 
 def _rows(variant: Path) -> tuple[str, dict[str, dict]]:
@@ -36,9 +41,17 @@ def test_every_recipe_is_measured_and_the_rule_picks_the_winner(tiny_variants: d
             assert {"recall_at_10", "neighbour_agreement", "min_cosine"} <= set(row["quality"])
             assert row["speed_ms"] > 0 and set(row["latency_ms"]) == {"b1_s16", "b16_s128"}
             assert f"{name}+int8-embeddings" in rows or name.endswith("+int8-embeddings")
-    passing = {n: (r["speed_ms"], r["mb"]) for n, r in rows.items() if r["passed"]}
-    assert passing, rows
-    assert recipe == choose(passing)
+    # within the subset's budget and timed: ranked by the rule; each one ranked before the winner
+    # missed the whole gate (confirmation), and the winner passed it
+    timed = {n: (r["speed_ms"], r["mb"]) for n, r in rows.items() if "speed_ms" in r}
+    assert timed, rows
+    order = ranked(timed)
+    before = order[: order.index(recipe)]
+    assert all(m.startswith("whole gate: ") for n in before for m in rows[n]["misses"]) and all(
+        rows[n]["misses"] for n in before
+    )
+    assert rows[recipe]["passed"] and rows[recipe]["quality"]["gate_min_cosine"] >= 0.9
+    passing = {n: timed[n] for n, r in rows.items() if r["passed"]}
     # an int8 embedding table makes the file smaller than the same recipe without it
     for name in passing:
         if name.endswith("+int8-embeddings"):

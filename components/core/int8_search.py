@@ -14,8 +14,10 @@ The tie keeps the choice stable from run to run and machine to machine when two 
 the same speed (the smaller one wins, not the noise). When no candidate is within budget the one
 the task's `fallback` key ranks best is kept and the validate step reports its miss. The rule is
 the same on every CPU kind; candidates whose numbers depend on the CPU (8-bit s8 weights without
-VNNI) are not offered. The validate step gates the winner on the whole validation set, and the
-node probe re-checks it where it is served.
+VNNI) are not offered. The budget is judged on a subset (cheap); before a candidate wins, the
+task's whole parity gate (`confirm`: every validation input, at batch 1 and in padded batches, as
+the validate step runs it) must pass too, else the next in the rule's order is confirmed. The
+validate step then gates the shipped graph again, and the node probe re-checks it where served.
 
 `search` returns what the optimize step records as `metrics["int8"]`: the recipe, the rule, and
 every candidate's numbers, which the report shows as a table.
@@ -57,10 +59,12 @@ def search(
     feeds: dict[str, dict[str, Any]],
     fallback: Callable[[dict[str, Any]], Any],
     expand: Callable[[str], Sequence[Candidate]] = lambda name: (),
+    confirm: Callable[[Path], Judged] | None = None,
 ) -> dict[str, Any]:
     """Build and judge `candidates`, then, for each one within budget, the candidates `expand`
     derives from it (a recipe plus one more saving); time the passing ones on `feeds` ({shape:
-    session feeds}); copy the winner to `dst`. Returns the record for `metrics["int8"]`."""
+    session feeds}); take them in the rule's order and keep the first that `confirm` (the task's
+    whole parity gate) passes; copy the winner to `dst`. Returns the record for `metrics["int8"]`."""
     work = dst.parent
     table: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
@@ -89,18 +93,39 @@ def search(
             for derived in expand(candidate.name):
                 try_one(derived)
     passing = [name for name, row in table.items() if row["passed"]]
+    winner: str | None = None
     if passing:
         speeds = time_candidates({name: paths[name] for name in passing}, feeds)
         for name, shapes in speeds.items():
             table[name]["latency_ms"] = shapes
             table[name]["speed_ms"] = round(_geomean(shapes.values()), 4)
-        winner = choose({name: (table[name]["speed_ms"], table[name]["mb"]) for name in passing})
-    else:
+        winner = None
+        for name in ranked({name: (table[name]["speed_ms"], table[name]["mb"]) for name in passing}):
+            if confirm is None:
+                winner = name
+                break
+            confirmed = confirm(paths[name])
+            table[name]["quality"].update({k: round(v, 6) for k, v in confirmed.quality.items()})
+            if not confirmed.misses:
+                winner = name
+                break
+            table[name].update(passed=False, misses=[f"whole gate: {m}" for m in confirmed.misses])
+            log.info("int8 candidate %s misses the whole gate: %s", name, "; ".join(confirmed.misses))
+    if winner is None:
         winner = max(table, key=lambda name: fallback(table[name]["quality"]))
         log.warning("int8: no candidate is within the parity budget; keeping %s (the validate step reports it)", winner)
     shutil.copyfile(paths[winner], dst)
     log.info("int8 recipe: %s (%s)", winner, RULE)
     return {"recipe": winner, "rule": RULE, "candidates": table}
+
+
+def ranked(measured: dict[str, tuple[float, float]]) -> list[str]:
+    """Every candidate in the rule's order: the winner, then the winner of the rest, ..."""
+    left, order = dict(measured), []
+    while left:
+        order.append(choose(left))
+        del left[order[-1]]
+    return order
 
 
 def choose(measured: dict[str, tuple[float, float]]) -> str:
@@ -123,7 +148,9 @@ def time_candidates(paths: dict[str, Path], feeds: dict[str, dict[str, Any]]) ->
     out: dict[str, dict[str, float]] = {name: {} for name in paths}
     for shape, feed in feeds.items():
         calls = {name: timed(partial(session.run, None, feed)) for name, session in sessions.items()}
-        stats = measure_interleaved(calls, warmup=1, min_iters=3, max_iters=50, budget_s=1.0)
+        # not shortened by ORTPACK_TIMING=quick: the choice of what ships rests on it (a small
+        # model gets many rounds in the budget; a large one's calls are long and steadier)
+        stats = measure_interleaved(calls, warmup=1, min_iters=3, max_iters=50, budget_s=0.5, honour_quick=False)
         for name in paths:
             out[name][shape] = round(stats[name]["min_ms"], 4)
     return out

@@ -208,14 +208,17 @@ def measure_interleaved(
     min_iters: int = 10,
     max_iters: int = 200,
     budget_s: float = 2.0,
+    honour_quick: bool = True,
 ) -> dict[str, dict[str, float]]:
     """Time several engines in alternate rounds (one call each per round, the order rotating, so
     none always follows another), and return per engine its latency stats (see `latency_stats`)
     and the `load_*` record of the whole measurement, shared by all.
 
     Runs at least `min_iters` rounds, then stops at `max_iters` or after `budget_s` per engine.
+    `honour_quick=False` for a measurement whose result decides something (the int8 search):
+    ORTPACK_TIMING=quick does not shorten it.
     """
-    if quick_timing():
+    if quick_timing() and honour_quick:
         warmup, min_iters, budget_s = min(warmup, QUICK_WARMUP), min(min_iters, QUICK_ITERS), 0.0
     names = list(timers)
     settle = SETTLE_S if len(names) > 1 else 0.0
