@@ -18,6 +18,9 @@ def test_rule_fastest_then_smallest_then_first() -> None:
     assert choose({"a": (10.0, 50.0), "b": (10.0 * TIE * 1.01, 20.0)}) == "a"
     assert choose({"a": (10.0, 20.0), "b": (9.5, 20.0)}) == "a"  # a tie on both: the earlier
     assert choose({"slow": (30.0, 5.0), "fast": (10.0, 50.0), "fast-small": (10.5, 40.0)}) == "fast-small"
+    # small models: half a millisecond is a tie whatever the ratio (timer noise)
+    assert choose({"a": (1.8, 8.0), "b": (2.1, 2.0)}) == "b"
+    assert choose({"a": (1.8, 8.0), "b": (2.4, 2.0)}) == "a"
 
 
 def test_ranked_is_the_rule_applied_again_to_the_rest() -> None:

@@ -7,8 +7,8 @@ together (interleaved, `components.core.timing.measure_interleaved`, so a busy m
 them alike; each one's fastest call per shape, the geometric mean over the shapes), and the
 winner is:
 
-    the fastest, where any candidate within `TIE` (10 %) of the fastest counts as fast, then the
-    smallest file among those, then the earlier candidate.
+    the fastest, where any candidate within `TIE` (10 %) or `TIE_MS` (0.5 ms) of the fastest
+    counts as fast, then the smallest file among those, then the earlier candidate.
 
 The tie keeps the choice stable from run to run and machine to machine when two recipes run at
 the same speed (the smaller one wins, not the noise). When no candidate is within budget the one
@@ -35,8 +35,10 @@ from typing import Any
 
 log = logging.getLogger("ortpack.int8")
 
-TIE = 1.10  # latencies within 10 % of the fastest count as equally fast
-RULE = "fastest within the parity budget (within 10 % counts as a tie), then smallest"
+TIE = 1.10  # latencies within 10 % of the fastest count as equally fast,
+TIE_MS = 0.5  # and so do those within half a millisecond (small models: a tiny BERT's 0.25 vs
+# 0.31 ms at b1 was timer noise, and flipped the choice between two runs of one build)
+RULE = "fastest within the parity budget (within 10 % or 0.5 ms counts as a tie), then smallest"
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,10 @@ def ranked(measured: dict[str, tuple[float, float]]) -> list[str]:
 
 
 def choose(measured: dict[str, tuple[float, float]]) -> str:
-    """The winner among {name: (speed ms, MB)} in insertion order: within TIE of the fastest,
-    then the smallest, then the first."""
+    """The winner among {name: (speed ms, MB)} in insertion order: within TIE (or TIE_MS) of the
+    fastest, then the smallest, then the first."""
     fastest = min(speed for speed, _ in measured.values())
-    fast = [name for name, (speed, _) in measured.items() if speed <= TIE * fastest]
+    fast = [name for name, (speed, _) in measured.items() if speed <= max(TIE * fastest, fastest + TIE_MS)]
     return min(fast, key=lambda name: (measured[name][1], list(measured).index(name)))
 
 
