@@ -146,10 +146,10 @@ def time_candidates(paths: dict[str, Path], feeds: dict[str, dict[str, Any]]) ->
 
     from components.core.timing import measure_interleaved, timed
 
-    sessions = {name: _session(path) for name, path in paths.items()}
+    sessions = {name: session(path, threads=1) for name, path in paths.items()}
     out: dict[str, dict[str, float]] = {name: {} for name in paths}
     for shape, feed in feeds.items():
-        calls = {name: timed(partial(session.run, None, feed)) for name, session in sessions.items()}
+        calls = {name: timed(partial(graph.run, None, feed)) for name, graph in sessions.items()}
         # not shortened by ORTPACK_TIMING=quick: the choice of what ships rests on it (a small
         # model gets many rounds in the budget; a large one's calls are long and steadier)
         stats = measure_interleaved(calls, warmup=1, min_iters=3, max_iters=50, budget_s=0.5, honour_quick=False)
@@ -158,14 +158,16 @@ def time_candidates(paths: dict[str, Path], feeds: dict[str, dict[str, Any]]) ->
     return out
 
 
-def _session(path: Path) -> Any:
+def session(path: Path, threads: int = 0) -> Any:
+    """A CPU session of a candidate graph, with the server's disabled optimizers (`threads` 0:
+    ONNX Runtime's default)."""
     import onnxruntime as ort
 
     from serving.runtime import DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     return ort.InferenceSession(
         str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS
     )

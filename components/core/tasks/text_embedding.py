@@ -216,7 +216,7 @@ class _SearchSet:
         documents = [t for t in dict.fromkeys(validation_sentences()) if t.strip() and t not in queries]
         texts = queries + documents[:SEARCH_DOCUMENTS]
         payloads = prepare([str(t) for t in probe.inputs] + texts)
-        fp32_rows = _embed_each(_search_session(fp32), payloads[len(probe.inputs) :])
+        fp32_rows = _embed_each(_candidate_session(fp32), payloads[len(probe.inputs) :])
         reference = np.concatenate([probe.outputs.astype(np.float32), fp32_rows])
         return cls(payloads, reference, len(probe.inputs), len(queries))
 
@@ -226,7 +226,7 @@ class _SearchSet:
         from components.core.int8_search import Judged
         from serving.gates import gate
 
-        session, p, q = _search_session(path), self.probe, self.probe + self.queries
+        session, p, q = _candidate_session(path), self.probe, self.probe + self.queries
         thresholds = THRESHOLDS["int8"].as_dict()
         probe = cosine_rows(_embed_each(session, self.payloads[:p]), self.reference[:p]) if p else np.ones(1)
         quality = {"probe_min_cosine": float(probe.min()), "probe_mean_cosine": float(probe.mean())}
@@ -259,21 +259,15 @@ def _whole_gate(ref: Any, export_dir: Path, path: Path) -> Any:
     from components.core.int8_search import Judged
     from serving.gates import gate
 
-    values = compare(_search_session(path), ref, export_dir).values
+    values = compare(_candidate_session(path), ref, export_dir).values
     quality = {f"gate_{k}": values[k] for k in ("min_cosine", "mean_cosine", "neighbour_agreement") if k in values}
     return Judged(quality=quality, misses=gate(values, THRESHOLDS["int8"].as_dict()))
 
 
-def _search_session(path: Path) -> Any:
-    import onnxruntime as ort
+def _candidate_session(path: Path) -> Any:
+    from components.core.int8_search import session
 
-    from serving.runtime import DISABLED_OPTIMIZERS
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(
-        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS
-    )
+    return session(path)
 
 
 def _embed_each(session: Any, payloads: list[np.ndarray]) -> np.ndarray:
