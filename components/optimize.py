@@ -14,6 +14,7 @@ def optimize_variant(
     variant: Output[Model],
     metrics: Output[Metrics],
     ort_version: str,
+    int8_recipe: str = "",
 ) -> None:
     """Optimize the export offline with ONNX Runtime for one target preset and precision.
 
@@ -26,6 +27,8 @@ def optimize_variant(
             optimize.fusions.<op>.
         ort_version: The onnxruntime the image pins: part of the cache key, so results built with
             another onnxruntime are not reused.
+        int8_recipe: Build an int8 variant with this recipe instead of the task's search (empty:
+            search); other precisions ignore it.
     """
     from pathlib import Path
 
@@ -33,7 +36,9 @@ def optimize_variant(
     from components.core.logs import log_to_stdout
 
     log_to_stdout()
-    out = run_optimize_step(Path(exported.path), Path(variant.path), target=target, precision=precision)
+    out = run_optimize_step(
+        Path(exported.path), Path(variant.path), target=target, precision=precision, int8_recipe=int8_recipe
+    )
     for key, value in out.metrics.items():
         metrics.log_metric(key, value)
     variant.metadata.update(out.metadata)

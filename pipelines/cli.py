@@ -125,6 +125,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         threshold_overrides=_overrides(args),
         version=resolve_version(args.version or "", uuid.uuid4().hex),
         allow_off_target_validation=args.allow_off_target_validation,
+        int8_recipe=args.int8_recipe or None,
     )
     result = build_bundle(
         spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
@@ -169,6 +170,7 @@ def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[
         thresholds=_overrides(args),
         version=resolve_version(args.version or "", uuid.uuid4().hex),
         allow_off_target_validation=args.allow_off_target_validation,
+        int8_recipe=(args.int8_recipe or "").strip(),
         publish_to=(args.publish_to or "").strip(),
         **_baseline_parameters(args, local=local),
     )
@@ -263,7 +265,12 @@ def _validate_arguments(
 
     spec = export_spec_from_parameters(arguments, source=source, default_name=default_name)
     variants = variant_grid(targets, precisions)
-    BuildSpec(export=spec, variants=tuple(variants), threshold_overrides=arguments.get("thresholds") or {})
+    BuildSpec(
+        export=spec,
+        variants=tuple(variants),
+        threshold_overrides=arguments.get("thresholds") or {},
+        int8_recipe=arguments.get("int8_recipe") or None,
+    )
     arguments["name"] = spec.name
     in_use = list(dict.fromkeys(v.target for v in variants))
     for target in in_use:
@@ -509,13 +516,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
+    from components.core.errors import InvalidSpecError
     from components.core.optimize import optimize_model
     from components.core.specs import VariantSpec
 
     variant = VariantSpec(target=args.target, precision=args.precision)
     export_dir = _existing_dir(args.export, "export")
+    if args.int8_recipe and variant.precision != "int8":
+        raise InvalidSpecError("--int8-recipe applies only to --precision int8")
     out = _fresh_dir(Path(args.out), args.force)
-    optimize_model(export_dir, variant, out)
+    optimize_model(export_dir, variant, out, int8_recipe=args.int8_recipe or None)
     print(out)
     return 0
 
@@ -862,6 +872,17 @@ def _add_variants(p: argparse.ArgumentParser) -> None:
     _add_version(p)
     _add_thresholds(p)
     _add_off_target(p)
+    _add_int8_recipe(p)
+
+
+def _add_int8_recipe(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--int8-recipe",
+        metavar="NAME",
+        help="build int8 with this recipe instead of searching (text: per-channel, per-tensor, ffn-out-fp32, "
+        "each also NAME+int8-embeddings; images: s7, s7-conv, u8-pointwise), e.g. the one a bundle's "
+        "optimize record names, to keep its embedding space",
+    )
 
 
 def _add_version(p: argparse.ArgumentParser) -> None:
@@ -1084,6 +1105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", required=True, help="fp32 or int8 (cpu), fp16 or fp32 (cuda)")
     p.add_argument("--out", required=True, help="directory to write (model.onnx, optimize.json)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    _add_int8_recipe(p)
 
     p = command("validate", cmd_validate, "run the parity gate on one variant (exit 1 when it misses)")
     p.add_argument("--export", required=True, help="directory written by `ortpack export`")

@@ -124,7 +124,9 @@ def make_pipeline(
     def variant_branch(target: str, precision: Any, exported: Any, p: dict[str, Any]) -> Any:
         """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
         ort = GPU_ORT_VERSION if target == "cuda" else ORT_VERSION
-        optimized = optimize_variant(exported=exported, target=target, precision=precision, ort_version=ort)
+        optimized = optimize_variant(
+            exported=exported, target=target, precision=precision, ort_version=ort, int8_recipe=p["int8_recipe"]
+        )
         variant = optimized.outputs["variant"]
         validated = validate_variant(
             exported=exported,
@@ -158,6 +160,7 @@ def make_pipeline(
         cpu_precisions: list = DEFAULT_PRECISIONS["cpu"] if has_cpu else [],
         cuda_precisions: list = DEFAULT_PRECISIONS["cuda"] if has_cuda else [],
         thresholds: dict = {},  # noqa: B006 - KFP reads defaults from the signature
+        int8_recipe: str = "",
         version: str = "",
         allow_degenerate_reference: bool = False,
         allow_off_target_validation: bool = False,
@@ -198,6 +201,9 @@ def make_pipeline(
             cpu_precisions: Precisions to build for the cpu target (fp32, int8).
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
+            int8_recipe: Build the int8 variants with this recipe instead of the task's search
+                (text: per-channel, per-tensor, ffn-out-fp32, each also +int8-embeddings; images:
+                s7, s7-conv, u8-pointwise); empty: search.
             version: Bundle version (empty: unique per run, the UTC time and the run id).
             allow_degenerate_reference: Build even when the PyTorch outputs barely vary (random
                 weights; parity is then vacuous and the report says so).

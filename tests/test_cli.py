@@ -41,6 +41,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, f
         (["--model", "{tiny}", "--targets", ""], "no targets given"),
         (["--model", "{tiny}", "--threshold", "int8.min_cosine=2"], "min_cosine must be in [-1, 1]"),
         (["--model", "{tiny}", "--name", "../x"], "invalid bundle name"),
+        (["--model", "{tiny}", "--int8-recipe", "per-chanel"], "unknown int8 recipe 'per-chanel'"),
+        (["--model", "{tiny}", "--int8-recipe", "per-chanel"], "did you mean 'per-channel'?"),
+        (["--model", "{tiny}", "--int8-recipe", "s7"], "(known: per-channel, per-channel+int8-embeddings,"),
+        (["--model", "{tiny}", "--int8-recipe", "per-tensor", "--precisions", "fp32"], "only when int8 is among"),
     ],
 )
 def test_build_rejects_bad_options_before_work(args: list[str], fragment: str, tiny_bert: Path, tmp_path: Path) -> None:
@@ -322,3 +326,22 @@ def test_bundle_help_lists_every_action() -> None:
     for name in actions:
         assert name in description, name
         assert name in top, name
+
+
+def test_optimize_step_refuses_a_recipe_for_another_precision_or_task(tiny_export: Path, tmp_path: Path) -> None:
+    common = ["optimize", "--export", str(tiny_export), "--target", "cpu", "--out", str(tmp_path / "v")]
+    assert_one_line_error(
+        ortpack(*common, "--precision", "fp32", "--int8-recipe", "per-tensor"), 2, "applies only to --precision int8"
+    )
+    assert_one_line_error(
+        ortpack(*common, "--precision", "int8", "--int8-recipe", "u8-pointwise"),
+        2,
+        "unknown int8 recipe 'u8-pointwise' for task 'text-embedding'",
+    )
+    assert not (tmp_path / "v").exists()
+
+
+def test_run_refuses_an_unknown_int8_recipe_before_any_step(tiny_bert: Path, tmp_path: Path) -> None:
+    result = ortpack("run", "--model", str(tiny_bert), "--int8-recipe", "fastest", "--out", str(tmp_path / "b"))
+    assert_one_line_error(result, 2, "unknown int8 recipe 'fastest'")
+    assert "step 1" not in result.stdout + result.stderr

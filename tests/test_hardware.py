@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from components.core.optimize import DYNAMIC_INT8_RECIPES, DynamicInt8
+from components.core.recipes import DYNAMIC_INT8_RECIPES, DynamicInt8
 from serving.hardware import describe, parse_cpuinfo, this_machine
 
 # The int8 search's recipes that quantize the test's [64, 8] MatMul (ffn-out-fp32 keeps a MatMul

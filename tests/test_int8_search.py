@@ -9,7 +9,7 @@ import pytest
 
 from components.core.artifacts import OptimizeResult
 from components.core.int8_search import TIE, choose, ranked
-from components.core.optimize import DYNAMIC_INT8_RECIPES
+from components.core.recipes import DYNAMIC_INT8_RECIPES
 
 
 def test_rule_fastest_then_smallest_then_first() -> None:
@@ -110,3 +110,48 @@ def test_no_candidate_within_budget_keeps_the_best_and_the_gate_reports_it(
         rows, key=lambda n: (rows[n]["quality"].get("recall_at_10", 0.0), rows[n]["quality"]["probe_min_cosine"])
     )
     assert recipe == best
+
+
+def test_a_pinned_recipe_is_built_alone_and_recorded(tiny_export: Path, tmp_path: Path) -> None:
+    """`--int8-recipe NAME`: one graph, no search; optimize.json names it and says it was pinned.
+    Pinning the recipe of an earlier search rebuilds that graph: the same bytes."""
+    import onnx
+
+    from components.core.optimize import optimize_model
+    from components.core.recipes import PINNED_RULE, dynamic_recipe_names
+    from components.core.specs import VariantSpec
+
+    int8 = VariantSpec(target="cpu", precision="int8")
+    built = {}
+    for name in ("per-channel", "per-tensor+int8-embeddings"):
+        assert name in dynamic_recipe_names()
+        out = tmp_path / name
+        optimize_model(tiny_export, int8, out, int8_recipe=name)
+        record = OptimizeResult.load(out).metrics["int8"]
+        assert (record["recipe"], record["rule"], record["candidates"]) == (name, PINNED_RULE, {})
+        built[name] = onnx.load(str(out / "model.onnx"))
+
+    # per tensor: every weight scale of the quantized MatMuls is one number; per channel: a row
+    def scales(model: onnx.ModelProto) -> set[int]:
+        return {len(i.dims) for i in model.graph.initializer if i.name.endswith("_scale") and "MatMul" in i.name}
+
+    assert scales(built["per-channel"]) == {1} and scales(built["per-tensor+int8-embeddings"]) == {0}
+    sizes = {name: (tmp_path / name / "model.onnx").stat().st_size for name in built}
+    assert sizes["per-tensor+int8-embeddings"] < sizes["per-channel"] * 0.8  # 8-bit embedding tables
+
+    searched = tmp_path / "searched"
+    optimize_model(tiny_export, int8, searched)
+    winner = OptimizeResult.load(searched).metrics["int8"]["recipe"]
+    again = tmp_path / "again"
+    optimize_model(tiny_export, int8, again, int8_recipe=winner)
+    assert (again / "model.onnx").read_bytes() == (searched / "model.onnx").read_bytes()
+
+
+def test_recipe_names_are_checked_per_task() -> None:
+    from components.core.errors import InvalidSpecError
+    from components.core.tasks import check_int8_recipe
+
+    check_int8_recipe("image-classification", "u8-pointwise")
+    check_int8_recipe("text-classification", "per-channel+int8-embeddings")
+    with pytest.raises(InvalidSpecError, match="unknown int8 recipe 'per-channel' for task 'image-classification'"):
+        check_int8_recipe("image-classification", "per-channel")

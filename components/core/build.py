@@ -152,7 +152,7 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
         for i, variant in enumerate(spec.variants, start=2):
             log.info("step %d/%d: variant %s", i, steps, variant.id)
             vdir = work / "variants" / variant.id
-            built = optimize_model(export_dir, variant, vdir)
+            built = optimize_model(export_dir, variant, vdir, int8_recipe=spec.int8_recipe)
             parity = validate_variant(
                 vdir,
                 export_dir,
@@ -276,14 +276,17 @@ def run_export_step(
     )
 
 
-def run_optimize_step(export_dir: Path, out_dir: Path, *, target: str, precision: str) -> StepOutput:
-    """The optimize step: one variant (target x precision) from the export."""
+def run_optimize_step(
+    export_dir: Path, out_dir: Path, *, target: str, precision: str, int8_recipe: str = ""
+) -> StepOutput:
+    """The optimize step: one variant (target x precision) from the export; `int8_recipe` pins
+    an int8 variant's recipe (empty: the task chooses)."""
     from components.core.optimize import optimize_model
     from components.core.specs import VariantSpec
 
     variant = VariantSpec(target=target, precision=precision)
     log.info("optimize %s: building the variant", variant.id)
-    result = optimize_model(Path(export_dir), variant, Path(out_dir))
+    result = optimize_model(Path(export_dir), variant, Path(out_dir), int8_recipe=int8_recipe or None)
     return StepOutput(
         metrics=kfp_metrics(result),
         metadata={

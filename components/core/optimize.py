@@ -19,15 +19,15 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from components.core.artifacts import ExportResult, OptimizeResult
 from components.core.errors import UnsupportedHereError
+from components.core.recipes import PER_CHANNEL, STATIC_INT8_RECIPES, DynamicInt8
 from components.core.specs import VariantSpec, get_target
-from components.core.tasks import get_family
+from components.core.tasks import check_int8_recipe, get_family
 from serving.runtime import DISABLED_OPTIMIZERS
 
 log = logging.getLogger("ortpack.optimize")
@@ -120,35 +120,6 @@ def _to_fp16(model: Any) -> None:
     model.convert_float_to_float16(keep_io_types=True, node_block_list=fp32_nodes(model.model.graph))
 
 
-@dataclass(frozen=True)
-class DynamicInt8:
-    """One dynamic int8 recipe for transformer graphs (`quantize_int8_dynamic`). Text embeddings
-    search over these (components/core/int8_search.py); the default is today's fixed recipe.
-
-    per_channel: one weight scale per output column (else one per tensor).
-    fp32_ffn_output: the MatMuls that narrow the hidden state back from the FFN's width (B is
-        [K, N] with K > N, the FFN's second projection, where outlier activations live) stay fp32.
-    int8_embeddings: the embedding tables are stored in 8 bits (u8, one scale per table; ONNX
-        Runtime's QEmbedLayerNormalization where the embeddings are fused, else Gather then
-        DequantizeLinear): MiniLM's 47 MB word table becomes 12 MB.
-    """
-
-    per_channel: bool = True
-    fp32_ffn_output: bool = False
-    int8_embeddings: bool = False
-
-    @property
-    def name(self) -> str:
-        base = "per-tensor" if not self.per_channel else "ffn-out-fp32" if self.fp32_ffn_output else "per-channel"
-        return base + ("+int8-embeddings" if self.int8_embeddings else "")
-
-
-# The MatMul recipes text embeddings search over, the default first (each within budget is then
-# also tried with int8 embedding tables). 8-bit s8 weights are not offered: their numbers depend
-# on the CPU (see quantize_int8_dynamic).
-DYNAMIC_INT8_RECIPES = (DynamicInt8(), DynamicInt8(per_channel=False), DynamicInt8(fp32_ffn_output=True))
-
-
 def ffn_output_matmuls(graph: Any) -> list[str]:
     """MatMuls with a constant B of shape [K, N], K > N: the projections back from a wider
     intermediate (the FFN's second MatMul in every encoder family here)."""
@@ -164,7 +135,7 @@ def ffn_output_matmuls(graph: Any) -> list[str]:
 
 
 def quantize_int8_dynamic(
-    src: Path, dst: Path, *, per_token: Sequence[str] = (), recipe: DynamicInt8 = DynamicInt8()
+    src: Path, dst: Path, *, per_token: Sequence[str] = (), recipe: DynamicInt8 = PER_CHANNEL
 ) -> None:
     """Dynamic int8 quantization with 7-bit weights (`reduce_range`), per channel unless the
     `recipe` says otherwise; the MatMuls whose node names match a `per_token` regex quantize their
@@ -305,21 +276,6 @@ def _per_token_matmuls(model: Any, names: set[str]) -> None:
     graph.initializer.extend(kept + added)
 
 
-# Static int8 recipes for convolution nets, fastest first (components/core/tasks/image_classification.py
-# builds each in turn and keeps the first that passes the int8 gate on the validation images):
-#   s7: every convolution, 7-bit s8 per-channel weights (exact on every x86-64 CPU, as for text),
-#       ReLU and Clip quantized with their convolution;
-#   s7-conv: the same with only the convolutions quantized (the activations' ranges then span the
-#       convolutions' raw outputs: coarser, but it suits some nets better, measured below);
-#   u8-pointwise: u8 x u8 per-channel 8-bit weights (no saturation on any x86-64 CPU either),
-#       depthwise convolutions in float: their 9 or 25 weights per channel cannot take 7 bits.
-STATIC_INT8_RECIPES: dict[str, dict[str, Any]] = {
-    "s7": {"unsigned_weights": False, "float_depthwise": False, "ops": ["Conv", "Clip", "Relu"]},
-    "s7-conv": {"unsigned_weights": False, "float_depthwise": False, "ops": ["Conv"]},
-    "u8-pointwise": {"unsigned_weights": True, "float_depthwise": True, "ops": ["Conv", "Clip", "Relu"]},
-}
-
-
 def quantize_int8_static(src: Path, dst: Path, images: list[Any], recipe: str = "u8-pointwise") -> None:
     """Static int8 (QDQ) for convolution nets with one of `STATIC_INT8_RECIPES`, calibrated on
     `images` (uint8 [H, W, 3]: the user's calibration photos, or generated images disjoint from
@@ -409,13 +365,18 @@ def ort_offline_optimize(src: Path, dst: Path, level: str, providers: list[str])
     ort.InferenceSession(str(src), options, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
-def optimize_model(export_dir: Path, variant: VariantSpec, out_dir: Path) -> OptimizeResult:
-    """Build one variant from the raw export in `export_dir` into `out_dir/model.onnx`."""
+def optimize_model(
+    export_dir: Path, variant: VariantSpec, out_dir: Path, *, int8_recipe: str | None = None
+) -> OptimizeResult:
+    """Build one variant from the raw export in `export_dir` into `out_dir/model.onnx`; an int8
+    variant with the task's search (or first-that-passes loop), or with `int8_recipe` pinned
+    (components/core/recipes.py; it applies to int8 variants only)."""
     import onnx
     import onnxruntime as ort
 
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     export = ExportResult.load(export_dir)
+    check_int8_recipe(export.task, int8_recipe)
     target = get_target(variant.target)
     raw = export_dir / export.model_file
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -439,7 +400,7 @@ def optimize_model(export_dir: Path, variant: VariantSpec, out_dir: Path) -> Opt
         model.save_model_to_file(str(staged))
         if variant.precision == "int8":
             quantized = work / "int8.onnx"
-            int8 = family.quantize_int8(staged, quantized, export, export_dir)
+            int8 = family.quantize_int8(staged, quantized, export, export_dir, int8_recipe or None)
             staged = quantized
         final = out_dir / "model.onnx"
         if target.offline_optimization_level == "disabled":

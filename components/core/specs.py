@@ -274,9 +274,17 @@ class BuildSpec:
     version: str = "1"
     # ship variants validated on another execution provider than their target's (see parity.py)
     allow_off_target_validation: bool = False
+    # build int8 variants with this recipe instead of searching (components/core/recipes.py)
+    int8_recipe: str | None = None
 
     def __post_init__(self) -> None:
+        from components.core.tasks import check_int8_recipe
+
         if not self.variants:
             raise InvalidSpecError("no variants to build")
+        if self.int8_recipe:
+            if all(v.precision != "int8" for v in self.variants):
+                raise InvalidSpecError("--int8-recipe applies only when int8 is among the precisions")
+            check_int8_recipe(self.export.task, self.int8_recipe)
         for v in self.variants:  # fail now, not after the export, on a bad override
             thresholds_for(self.export.task, v.precision, self.threshold_overrides)

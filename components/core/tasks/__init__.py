@@ -64,15 +64,17 @@ class TaskFamily:
     check_signature: Callable[[Any], list[str]]  # an ORT session's inputs/outputs against the contract
     compare: Callable[[Any, Any, Path], Comparison]  # (session, reference npz, export dir)
     bench_feeds: Callable[[ExportResult], dict[str, tuple[int, dict[str, np.ndarray]]]]
-    # (fused fp32 graph, int8 graph to write, export, export dir): the int8 recipe, which may read
-    # the export (its model_type, its calibration data); may return what it chose and measured
-    # (the optimize step's `int8` metrics)
-    quantize_int8: Callable[[Path, Path, ExportResult, Path], dict[str, Any] | None]
+    # (fused fp32 graph, int8 graph to write, export, export dir, pinned recipe or None): the int8
+    # recipe, which may read the export (its model_type, its calibration data); may return what it
+    # chose and measured (the optimize step's `int8` metrics)
+    quantize_int8: Callable[[Path, Path, ExportResult, Path, str | None], dict[str, Any] | None]
     select_probe: Callable[[ExportResult, Path], Probe]
     report: ReportSpec
     # transformer fusions before the precision conversion:
     # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
     fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
+    # the int8 recipes a build may pin by name (components/core/recipes.py; empty: none)
+    int8_recipes: tuple[str, ...] = ()
     # its outputs are vectors an index stores: `ortpack bundle diff` and the pipeline's baseline
     # check (components/core/compat.py) apply
     embedding_space: bool = False
@@ -98,3 +100,15 @@ def get_family(task: str) -> TaskFamily:
 
 def task_names() -> tuple[str, ...]:
     return tuple(_registry())
+
+
+def check_int8_recipe(task: str, recipe: str | None) -> None:
+    """Refuse a pinned int8 recipe the task does not have, naming the ones it has."""
+    if not recipe:
+        return
+    known = get_family(task).int8_recipes
+    if recipe not in known:
+        names = ", ".join(known) if known else "none"
+        raise InvalidSpecError(
+            f"unknown int8 recipe {recipe!r} for task {task!r} (known: {names}){did_you_mean(recipe, known)}"
+        )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from components.core.recipes import STATIC_INT8_RECIPES
 from components.core.specs import ParityThresholds
 from components.core.tasks import Comparison, ReportSpec, TaskFamily
 from serving.gates import decisive_rows, probability_metrics, topk_overlap
@@ -223,18 +224,22 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     }
 
 
-def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> dict[str, Any]:
-    """The first of the static int8 recipes (components/core/optimize.py, fastest first) that
+def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
+    """The first of the static int8 recipes (components/core/recipes.py, fastest first) that
     passes the default int8 gate on the validation images; when none does, the one with the best
     top-1 agreement (its validate step then reports the miss). Returns the recipe chosen and every
-    candidate's numbers."""
+    candidate's numbers. A pinned `recipe` is built alone, untried (the validate step gates it)."""
     import shutil
 
     from components.core.artifacts import load_arrays
-    from components.core.optimize import STATIC_INT8_RECIPES, quantize_int8_static
+    from components.core.optimize import quantize_int8_static
+    from components.core.recipes import PINNED_RULE
     from serving.gates import gate
     from serving.runtime import DISABLED_OPTIMIZERS
 
+    if recipe:
+        quantize_int8_static(src, dst, calibration_images(export_dir), recipe)
+        return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
     images = calibration_images(export_dir)
     thresholds = THRESHOLDS["int8"].as_dict()
     tried: dict[str, dict[str, Any]] = {}
@@ -313,6 +318,7 @@ FAMILY = TaskFamily(
     compare=compare,
     bench_feeds=bench_feeds,
     quantize_int8=quantize_int8,
+    int8_recipes=tuple(STATIC_INT8_RECIPES),
     select_probe=select_probe,
     report=ReportSpec(
         columns=(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
 from components.core.tasks import Comparison, ReportSpec, TaskFamily
 from components.core.tasks import text_embedding as text
@@ -139,6 +140,7 @@ FAMILY = TaskFamily(
     compare=compare,
     bench_feeds=text.bench_feeds,
     quantize_int8=text.quantize_int8_fixed,
+    int8_recipes=dynamic_recipe_names(),
     select_probe=select_probe,
     fuse=text.fuse,
     report=ReportSpec(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
 from components.core.tasks import Comparison, ReportSpec, TaskFamily
 from serving.gates import cosine_rows, neighbour_overlap
@@ -147,26 +148,33 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 SEARCH_QUERIES, SEARCH_DOCUMENTS, SEARCH_MIN_RECALL, SEARCH_K = 64, 200, 0.85, 10
 
 
-def quantize_int8_fixed(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> None:
-    """Dynamic int8, 7-bit per-channel weights (the search's first recipe), no search; the encoder
-    family says which MatMuls quantize their activations per token (`EncoderFamily.int8_per_token`:
-    MPNet's second FFN MatMul)."""
+def quantize_int8_fixed(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> None:
+    """Dynamic int8 without a search: the pinned recipe, else 7-bit per-channel weights (the
+    search's first recipe); the encoder family says which MatMuls quantize their activations per
+    token (`EncoderFamily.int8_per_token`: MPNet's second FFN MatMul)."""
     from components.core.optimize import quantize_int8_dynamic
+    from components.core.recipes import PER_CHANNEL, dynamic_recipe
 
-    quantize_int8_dynamic(src, dst, per_token=_per_token(export))
+    chosen = dynamic_recipe(recipe) if recipe else PER_CHANNEL
+    quantize_int8_dynamic(src, dst, per_token=_per_token(export), recipe=chosen)
 
 
-def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> dict[str, Any]:
+def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
     """The int8 recipe chosen by search (components/core/int8_search.py): per-channel, per-tensor
     and FFN-output-in-fp32 weights, each within budget then also with int8 embedding tables; the
-    fastest within the parity budget wins (within 10 % is a tie), then the smallest."""
+    fastest within the parity budget wins (within 10 % is a tie), then the smallest. A pinned
+    `recipe` is built alone, unsearched (the validate step gates it)."""
     from dataclasses import replace
     from functools import partial
 
     from components.core.artifacts import load_arrays
     from components.core.int8_search import Candidate, search
-    from components.core.optimize import DYNAMIC_INT8_RECIPES, DynamicInt8, quantize_int8_dynamic
+    from components.core.optimize import quantize_int8_dynamic
+    from components.core.recipes import DYNAMIC_INT8_RECIPES, PINNED_RULE, DynamicInt8
 
+    if recipe:
+        quantize_int8_fixed(src, dst, export, export_dir, recipe)
+        return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
     per_token = _per_token(export)
     recipes = {r.name: r for r in DYNAMIC_INT8_RECIPES}
 
@@ -337,6 +345,7 @@ FAMILY = TaskFamily(
     compare=compare,
     bench_feeds=bench_feeds,
     quantize_int8=quantize_int8,
+    int8_recipes=dynamic_recipe_names(),
     select_probe=select_probe,
     fuse=fuse,
     embedding_space=True,
