@@ -35,11 +35,16 @@ run: $(STAMP)
 	$(BIN)/ortpack run --model all-MiniLM-L6-v2 --targets cpu --precisions fp32,int8 \
 		--out dist/all-MiniLM-L6-v2 --force
 
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process); tests/conftest.py keeps the
+# trained-model tests together on one worker and each other module whole on one.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
 test: lint typecheck $(TRAINED)
-	$(PY) -m pytest -m "not images" --durations=25
+	$(PY) -m pytest -m "not images" $(XDIST) --durations=25
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not slow and not images"
+	$(PY) -m pytest -m "not slow and not images" $(XDIST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -16,6 +16,20 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # servers) inherit it.
 os.environ.setdefault("ORTPACK_TIMING", "quick")
 
+# The trained-model tests (minutes each, every core busy in ONNX Runtime and PyTorch). `make test`
+# runs the suite on two pytest-xdist workers with `--dist loadgroup`: these run one after another
+# on one worker, scheduled first, while the other worker takes the rest; every other module stays
+# whole on one worker, so its module fixtures are built once. Two of them at once on two cores
+# only slowed both (all-MiniLM-L6-v2's build 165 s alone, 313 s beside MPNet's).
+TRAINED_MODULES = ("test_mpnet.py", "test_minilm.py", "test_trained_image.py", "test_trained_text.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        trained = item.path.name in TRAINED_MODULES
+        item.add_marker(pytest.mark.xdist_group("trained" if trained else item.path.name))
+    items.sort(key=lambda item: item.path.name not in TRAINED_MODULES)  # stable: the trained ones first
+
 
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
