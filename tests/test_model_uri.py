@@ -47,6 +47,10 @@ def _write(root: Path, files: dict[str, bytes]) -> Path:
 def _tar(files: dict[str, bytes], top: str = "", links: bool = False) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        if top == ".":  # as `tar -C DIR -cf x.tar .` writes it: the root itself first
+            info = tarfile.TarInfo(".")
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
         for name, data in files.items():
             info = tarfile.TarInfo(f"{top}/{name}" if top else name)
             info.size = len(data)
@@ -158,6 +162,12 @@ def test_s3_tar_with_a_top_level_folder(s3: Any, tmp_path: Path) -> None:
     s3.put_object(Bucket=s3.bucket, Key="archives/ckpt.tar.gz", Body=_tar(CHECKPOINT, top="ckpt"))
     fetched = fetch_source(f"s3://{s3.bucket}/archives/ckpt.tar.gz", tmp_path / "model")
     assert (fetched.path / "config.json").is_file() and fetched.path.name == "ckpt"
+
+
+def test_s3_tar_of_a_folder_made_with_tar_dot(s3: Any, tmp_path: Path) -> None:
+    s3.put_object(Bucket=s3.bucket, Key="archives/dot.tar.gz", Body=_tar(CHECKPOINT, top="."))
+    fetched = fetch_source(f"s3://{s3.bucket}/archives/dot.tar.gz", tmp_path / "model")
+    assert (fetched.path / "config.json").is_file()
 
 
 def test_s3_refusals(s3: Any, tmp_path: Path) -> None:

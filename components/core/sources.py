@@ -610,6 +610,8 @@ def _extract(archive: Path, dest: Path, uri: str) -> Path:
         if unsafe:
             raise SourceError(f"{uri}: the archive holds links or devices ({unsafe[0]})")
         for m in members:
+            if m.isdir() and not PurePosixPath(m.name).parts:
+                continue  # "." or "./": the archive's root, as `tar -C DIR -cf x.tar .` writes it
             CHECKPOINT_RULES.safe_target(m.name, dest, uri)
         return members
 
