@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -36,9 +36,13 @@ from serving.errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from serving.bundle import EmbeddingSpace, Manifest
     from serving.config import ServeConfig
     from serving.metrics import Metrics
-    from serving.service import ModelService
 
 log = logging.getLogger("ortpack.serve")
 access_log = logging.getLogger("ortpack.access")
@@ -66,8 +70,25 @@ def error_response(error: ServeError) -> Response:
     return json_response(error_body(error), status_of(error), error.headers)
 
 
-def service_of(request: Request) -> ModelService:
-    service: ModelService = request.app.state.service
+class Served(Protocol):
+    """What the routes read of the model service (serving.service.ModelService, which the app
+    puts in `app.state.service`): declared here so that this module, which the task plugins
+    import, does not import the service, which imports the task plugins."""
+
+    manifest: Manifest
+    runtime: Any  # the task's runtime (serving.tasks.TaskRuntime); routes narrow it to their own
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def space(self) -> EmbeddingSpace | None: ...
+
+    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any], *, tokens: int = 0) -> np.ndarray: ...
+
+
+def service_of(request: Request) -> Served:
+    service: Served = request.app.state.service
     return service
 
 

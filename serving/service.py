@@ -353,3 +353,10 @@ def _open(
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
     ), runtime.batching
+
+
+def model_service(request: Any) -> ModelService:
+    """The service an app-level route (serving/routes/) answers from: the whole ModelService. Task
+    routes read it through `serving.http.service_of`, which declares only what they use."""
+    service: ModelService = request.app.state.service
+    return service

@@ -30,3 +30,71 @@ def test_serving_imports_no_heavy_or_pipeline_code() -> None:
 @pytest.mark.parametrize("module", ["pipelines.cli", "components.core.specs", "components.core.artifacts"])
 def test_cli_and_specs_import_nothing_heavy(module: str) -> None:
     assert _loaded([module], ["torch", "transformers", "onnxruntime", "onnx", "kfp"]) == []
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """{module: modules of the same package it imports}, counting every import statement in the
+    module: at the top, inside functions and under TYPE_CHECKING."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    modules = {}
+    for path in (root / package).rglob("*.py"):
+        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("package", ["serving", "pipelines"])
+def test_no_import_circle(package: str) -> None:
+    """Each package's import map is a tree of layers: a task plugin imports the contract, never
+    the registry that imports it back; a leaf never consults a registry."""
+    assert _circles(_import_graph(package)) == []

@@ -12,9 +12,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from serving import __version__
-from serving.http import RouteSpec, json_response, service_of
+from serving.http import RouteSpec, json_response
 from serving.openapi import docs_html
 from serving.routes import v2
+from serving.service import model_service
 
 LINKS = {"docs": "/docs", "openapi": "/openapi.json", "metrics": "/metrics", "ready": "/v2/health/ready"}
 
@@ -23,7 +24,7 @@ def front_door(request: Request) -> dict[str, Any]:
     """What `GET /` says: the model, its task, the variant and version served (with its embedding
     space, text embeddings), and where to go next (the task's own routes and Open Inference
     Protocol inference, with the model's name filled in)."""
-    service = service_of(request)
+    service = model_service(request)
     name = urllib.parse.quote(service.model_name, safe="")
     infer = next(r for r in v2.ROUTES if r.path == "/v2/models/{name}/infer")
     routes = [*service.runtime.routes(), infer]
@@ -97,7 +98,7 @@ async def index(request: Request) -> Response:
 
 
 async def prometheus(request: Request) -> Response:
-    service = service_of(request)
+    service = model_service(request)
     service.metrics.queue_depth.set(service.batcher.depth)
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -19,9 +19,9 @@ from serving.http import (
     config_of,
     json_response,
     read_json_object,
-    service_of,
     space_headers,
 )
+from serving.service import model_service
 
 
 async def server_metadata(request: Request) -> Response:
@@ -35,7 +35,7 @@ async def live(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     """200 once warm-up is done; 503 again from SIGTERM on, while the server still serves its
     grace period (`draining`), so endpoints stop routing to it before it stops accepting."""
-    service = service_of(request)
+    service = model_service(request)
     if service.draining:
         raise NotReadyError("shutting down")
     if not service.ready:
@@ -49,7 +49,7 @@ async def model_ready(request: Request) -> Response:
 
 
 def model_metadata(request: Request) -> dict[str, Any]:
-    service = service_of(request)
+    service = model_service(request)
     runtime = service.runtime
     space = service.space
     return {
@@ -106,7 +106,7 @@ def _check_outputs(body: dict[str, Any], output_name: str) -> None:
 
 async def infer(request: Request) -> Response:
     check_model(request)
-    service = service_of(request)
+    service = model_service(request)
     runtime = service.runtime
     body = await read_json_object(request)
     if "id" in body and not isinstance(body["id"], str):

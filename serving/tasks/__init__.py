@@ -1,93 +1,16 @@
 """Serving-side task plugins: one module per task contributes its routes, request/response
 schemas, backend, warm-up shapes, probe check and Open Inference Protocol tensors.
 
-A task module defines a `ServingTask` and registers it in `TASKS` below (explicitly: no import
-side effects). Everything outside `serving/tasks/` asks the task of the bundle through this
-interface and never compares task names.
+A task module defines a `ServingTask` (the contract: serving/tasks/contract.py) and is registered
+in `_registry` below (explicitly: no import side effects). Everything outside `serving/tasks/`
+asks the task of the bundle through this interface and never compares task names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from serving.tasks.contract import LoadContext, Prepare, ServingTask, TaskRuntime
 
-import numpy as np
-
-if TYPE_CHECKING:
-    from serving.bundle import Manifest, Variant
-    from serving.config import ServeConfig
-    from serving.http import RouteSpec
-
-Prepare = Callable[[Sequence[Any]], list[Any]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadContext:
-    """What a task needs to open a loaded variant: the manifest, the session, the verified bytes
-    of the bundle's shared files (tokenizer, probe) by path, and the server's options."""
-
-    manifest: Manifest
-    variant: Variant
-    session: Any
-    files: dict[str, bytes]
-    config: ServeConfig
-
-
-class TaskRuntime(Protocol):
-    """One loaded variant of one task, as the server uses it."""
-
-    backend: Any  # serving.backend.Backend: run(payloads) -> rows
-    batching: str  # how it batches, for the start-up line
-    output_name: str
-    output_dim: int
-
-    def item_cost(self) -> tuple[Callable[[Any], float] | None, float]:
-        """(cost of one payload, most cost per batch): images are capped in pixels per batch."""
-        ...
-
-    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        """Batches of payloads that touch every shape the server will run (biggest first)."""
-        ...
-
-    def probe_prepare(self) -> Prepare:
-        """Probe inputs (texts, encoded images) to payloads, exactly as requests are prepared."""
-        ...
-
-    def v2_inputs(self) -> list[dict[str, Any]]:
-        """Open Inference Protocol input tensors (name, datatype, shape)."""
-        ...
-
-    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-        """(payloads, buckets) from the request's one input tensor (checked)."""
-        ...
-
-    def routes(self) -> list[RouteSpec]:
-        """The task's own HTTP routes (OpenAI embeddings, classification, reranking)."""
-        ...
-
-    def schemas(self) -> dict[str, Any]:
-        """OpenAPI component schemas its routes refer to."""
-        ...
-
-    def describe(self) -> str:
-        """One sentence for the OpenAPI document: what this server does."""
-        ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServingTask:
-    """A task as the server knows it: how to open a variant, and how to prepare probe inputs
-    outside a server (the pipeline's validate step runs the node check on the build machine)."""
-
-    name: str
-    open: Callable[[LoadContext], TaskRuntime]
-    # (manifest fields as a dict: tokenizer, preprocessing...; shared files by path) -> prepare
-    probe_prepare: Callable[[dict[str, Any], dict[str, bytes]], Prepare]
-    # (session, manifest fields) -> the backend that runs batches (serving.backend.Backend)
-    backend: Callable[[Any, dict[str, Any]], Any]
-    # (reference rows, candidate rows, probe inputs) -> the gated metrics a probe can measure
-    probe_metrics: Callable[[np.ndarray, np.ndarray, Sequence[Any]], dict[str, float]]
+__all__ = ["LoadContext", "Prepare", "ServingTask", "TaskRuntime", "get_task", "task_names"]
 
 
 def _registry() -> dict[str, ServingTask]:

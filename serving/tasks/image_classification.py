@@ -24,7 +24,7 @@ from serving.errors import InvalidRequestError, PayloadTooLargeError, Unsupporte
 from serving.gates import probability_metrics
 from serving.http import RouteSpec, config_of, json_response, read_body, read_json_object, service_of
 from serving.images import DECODE_MODES, ImageDecoder, decode_base64, decode_settings, reduced_decode_evidence, top_k
-from serving.tasks import LoadContext, Prepare, ServingTask
+from serving.tasks.contract import LoadContext, Prepare, ServingTask
 
 log = logging.getLogger("ortpack.serve")
 

@@ -23,7 +23,7 @@ from serving.backend import TextClassifierBackend
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import probability_metrics, rank_agreement
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
-from serving.tasks import LoadContext, Prepare, ServingTask
+from serving.tasks.contract import LoadContext, Prepare, ServingTask
 from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
 
 

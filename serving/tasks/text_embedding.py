@@ -17,7 +17,7 @@ from serving.backend import TextEmbeddingBackend
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import embedding_metrics
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of, space_headers
-from serving.tasks import LoadContext, Prepare, ServingTask
+from serving.tasks.contract import LoadContext, Prepare, ServingTask
 from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
 
 
