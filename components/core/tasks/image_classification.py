@@ -232,7 +232,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     import shutil
 
     from components.core.artifacts import load_arrays
-    from components.core.optimize import quantize_int8_static
+    from components.core.graph_recipes import quantize_int8_static
     from components.core.recipes import PINNED_RULE
     from serving.gates import gate
     from serving.runtime import DISABLED_OPTIMIZERS
