@@ -97,7 +97,8 @@ def export_spec(args: argparse.Namespace) -> Any:
     """The ExportSpec of a command's model options, for a model and files on this machine
     (validated: bad values fail here, before work)."""
     from components.core.build import export_spec_from_parameters
-    from components.core.sources import check_local_file, resolve_model_source
+    from components.core.sources import check_local_file
+    from components.core.tasks import resolve_model_source
 
     params = _model_parameters(args)
     params["weights"] = check_local_file(args.weights, "weights") or ""
@@ -143,7 +144,8 @@ def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[
     cluster's component image (or a mounted volume) instead."""
     from components.core.build import resolve_version
     from components.core.errors import InvalidSpecError
-    from components.core.sources import check_local_file, check_uri, default_name, is_remote, resolve_model_source
+    from components.core.sources import check_local_file, check_uri, default_name, is_remote
+    from components.core.tasks import resolve_model_source
 
     model = args.model.strip()
     if not model:

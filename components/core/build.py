@@ -234,9 +234,9 @@ def run_export_step(
         is_remote,
         load_credentials,
         parse_source_versions,
-        resolve_model_source,
         tree_digest,
     )
+    from components.core.tasks import resolve_model_source
 
     loaded = load_credentials()
     if loaded:

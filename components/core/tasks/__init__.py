@@ -102,6 +102,11 @@ def task_names() -> tuple[str, ...]:
     return tuple(_registry())
 
 
+def resolve_model_source(value: str, task: str) -> tuple[str, str]:
+    """Return `(source, default_name)` for `value` as the task's family understands it."""
+    return get_family(task).resolve_source(value)
+
+
 def check_int8_recipe(task: str, recipe: str | None) -> None:
     """Refuse a pinned int8 recipe the task does not have, naming the ones it has."""
     if not recipe:
