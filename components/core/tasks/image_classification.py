@@ -22,7 +22,7 @@ import numpy as np
 
 from components.core.recipes import STATIC_INT8_RECIPES
 from components.core.specs import ParityThresholds
-from components.core.tasks import Comparison, ReportSpec, TaskFamily
+from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from serving.gates import decisive_rows, probability_metrics, topk_overlap
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import numpy as np
 
 from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
-from components.core.tasks import Comparison, ReportSpec, TaskFamily
+from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from serving.gates import cosine_rows, neighbour_overlap
 
 if TYPE_CHECKING:
