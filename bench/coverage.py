@@ -55,7 +55,8 @@ def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[
     from components.core.export import export_model
     from components.core.optimize import optimize_model
     from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec, thresholds_for
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
 
     row: dict[str, Any] = {}
     t0 = time.perf_counter()

@@ -45,7 +45,7 @@ def torch_engine(model: str, input_names: list[str], vocab_size: int) -> tuple[d
     from transformers import AutoModel
 
     from components.core.exporters.text_embedding import Pooling, SentenceEmbedding, read_pooling_config
-    from components.core.sources import resolve_model_source
+    from components.core.tasks import resolve_model_source
     from components.core.timing import synthetic_text_batch
 
     source, _ = resolve_model_source(model, "text-embedding")

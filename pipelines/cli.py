@@ -97,7 +97,8 @@ def export_spec(args: argparse.Namespace) -> Any:
     """The ExportSpec of a command's model options, for a model and files on this machine
     (validated: bad values fail here, before work)."""
     from components.core.build import export_spec_from_parameters
-    from components.core.sources import check_local_file, resolve_model_source
+    from components.core.sources import check_local_file
+    from components.core.tasks import resolve_model_source
 
     params = _model_parameters(args)
     params["weights"] = check_local_file(args.weights, "weights") or ""
@@ -118,6 +119,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from components.core.build import build_bundle, resolve_version
     from components.core.report import format_summary
     from components.core.specs import BuildSpec, variant_grid
+    from components.core.tasks import check_build_spec
 
     spec = BuildSpec(
         export=export_spec(args),
@@ -127,6 +129,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         allow_off_target_validation=args.allow_off_target_validation,
         int8_recipe=args.int8_recipe or None,
     )
+    check_build_spec(spec)
     result = build_bundle(
         spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
     )
@@ -143,7 +146,8 @@ def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[
     cluster's component image (or a mounted volume) instead."""
     from components.core.build import resolve_version
     from components.core.errors import InvalidSpecError
-    from components.core.sources import check_local_file, check_uri, default_name, is_remote, resolve_model_source
+    from components.core.sources import check_local_file, check_uri, default_name, is_remote
+    from components.core.tasks import resolve_model_source
 
     model = args.model.strip()
     if not model:
@@ -262,14 +266,17 @@ def _validate_arguments(
     from components.core.build import export_spec_from_parameters
     from components.core.errors import InvalidSpecError
     from components.core.specs import BuildSpec, variant_grid
+    from components.core.tasks import check_build_spec
 
     spec = export_spec_from_parameters(arguments, source=source, default_name=default_name)
     variants = variant_grid(targets, precisions)
-    BuildSpec(
-        export=spec,
-        variants=tuple(variants),
-        threshold_overrides=arguments.get("thresholds") or {},
-        int8_recipe=arguments.get("int8_recipe") or None,
+    check_build_spec(
+        BuildSpec(
+            export=spec,
+            variants=tuple(variants),
+            threshold_overrides=arguments.get("thresholds") or {},
+            int8_recipe=arguments.get("int8_recipe") or None,
+        )
     )
     arguments["name"] = spec.name
     in_use = list(dict.fromkeys(v.target for v in variants))
@@ -533,7 +540,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from components.core.artifacts import ExportResult, OptimizeResult
     from components.core.parity import validate_variant
-    from components.core.specs import parse_threshold_overrides, thresholds_for
+    from components.core.specs import parse_threshold_overrides
+    from components.core.tasks import thresholds_for
 
     export_dir = _existing_dir(args.export, "export")
     variant_dir = _existing_dir(args.variant, "variant")

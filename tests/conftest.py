@@ -67,7 +67,8 @@ def tiny_variants(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -
     from components.core.benchmark import benchmark_variant
     from components.core.optimize import optimize_model
     from components.core.parity import validate_variant
-    from components.core.specs import VariantSpec, thresholds_for
+    from components.core.specs import VariantSpec
+    from components.core.tasks import thresholds_for
 
     root = tmp_path_factory.mktemp("variants")
     out = {}

@@ -58,7 +58,7 @@ def test_missed_variant_is_dropped_with_its_numbers(
 
     from components.core.artifacts import ParityReport
     from components.core.parity import validate_variant
-    from components.core.specs import thresholds_for
+    from components.core.tasks import thresholds_for
 
     strict = tmp_path / "cpu-int8"
     shutil.copytree(tiny_variants["cpu-int8"], strict)

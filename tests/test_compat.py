@@ -30,7 +30,8 @@ def build(model: Path, out: Path, precisions: tuple[str, ...]) -> Path:
     from components.core.optimize import optimize_model
     from components.core.package import package_dirs
     from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec, thresholds_for
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
 
     export = out.parent / f"{out.name}-export"
     export_model(ExportSpec(source=str(model), task="text-embedding", name="tiny-bert"), export)

@@ -36,7 +36,8 @@ def _build(model_type: str, root: Path) -> Built:
     from components.core.export import export_model
     from components.core.optimize import optimize_model
     from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec, thresholds_for
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
     from tests.models import make_tiny_encoder
 
     checkpoint = make_tiny_encoder(model_type, root / "checkpoint", max_position=MAX_POSITION)

@@ -48,7 +48,8 @@ def image_variants(image_export: Path, tmp_path_factory: pytest.TempPathFactory)
     from components.core.benchmark import benchmark_variant
     from components.core.optimize import optimize_model
     from components.core.parity import validate_variant
-    from components.core.specs import VariantSpec, thresholds_for
+    from components.core.specs import VariantSpec
+    from components.core.tasks import thresholds_for
 
     root = tmp_path_factory.mktemp("image-variants")
     dirs = {}
@@ -224,7 +225,7 @@ def test_gate_covers_the_served_path(image_bundle: Path, image_export: Path, tmp
     import shutil
 
     from components.core.parity import check_parity
-    from components.core.specs import thresholds_for
+    from components.core.tasks import thresholds_for
     from serving.gates import gate
     from serving.images import DECODE_GATE
 
@@ -338,7 +339,7 @@ def test_perturbed_image_graph_misses(image_export: Path, tmp_path: Path) -> Non
     from onnx import numpy_helper
 
     from components.core.parity import check_parity
-    from components.core.specs import thresholds_for
+    from components.core.tasks import thresholds_for
 
     model = onnx.load(str(image_export / "model.onnx"))
     net = [t for t in model.graph.initializer if t.name.startswith("net/") and len(t.dims) == 4]
@@ -671,7 +672,8 @@ def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
     from components.core.export import export_model
     from components.core.optimize import optimize_model
     from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec, thresholds_for
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
     from tests.models import make_image_weights
 
     weights = make_image_weights("efficientnet_b0", tmp_path / "b0.safetensors")

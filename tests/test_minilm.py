@@ -12,8 +12,8 @@ pytestmark = pytest.mark.slow
 
 def test_minilm_build_matches_sentence_transformers(tmp_path: Path) -> None:
     from components.core.build import build_bundle
-    from components.core.sources import resolve_model_source
     from components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from components.core.tasks import resolve_model_source
     from serving.bundle import verify_bundle
 
     source, name = resolve_model_source("all-MiniLM-L6-v2", "text-embedding")

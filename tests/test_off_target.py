@@ -49,7 +49,7 @@ def test_cuda_variant_checked_on_the_cpu_provider_is_not_validated(
     import onnxruntime
 
     from components.core.parity import validate_variant
-    from components.core.specs import thresholds_for
+    from components.core.tasks import thresholds_for
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA provider: the variant is validated on its target here")
@@ -70,7 +70,7 @@ def test_report_marks_off_target_and_degenerate_builds(cuda_fp16: Path, tiny_exp
     from components.core.artifacts import ExportResult, OptimizeResult, VariantRecord
     from components.core.parity import validate_variant
     from components.core.report import banners
-    from components.core.specs import thresholds_for
+    from components.core.tasks import thresholds_for
 
     report = validate_variant(
         cuda_fp16,
@@ -121,7 +121,7 @@ def test_cuda_variant_is_validated_on_its_target_where_cuda_exists(
     import onnxruntime
 
     from components.core.parity import validate_variant
-    from components.core.specs import thresholds_for
+    from components.core.tasks import thresholds_for
 
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         pytest.skip("needs onnxruntime-gpu with the CUDA provider (no GPU here)")

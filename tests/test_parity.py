@@ -12,7 +12,8 @@ from onnx import numpy_helper
 from components.core.artifacts import ExportResult, OptimizeResult, ParityReport
 from components.core.errors import ParityError
 from components.core.parity import check_parity
-from components.core.specs import ParityThresholds, thresholds_for
+from components.core.specs import ParityThresholds
+from components.core.tasks import thresholds_for
 from serving.gates import gate, neighbour_overlap
 
 

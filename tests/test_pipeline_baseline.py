@@ -45,7 +45,8 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from components.core.optimize import optimize_model
     from components.core.package import package_dirs
     from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec, thresholds_for
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
     from tests.models import make_tiny_classifier
 
     root = tmp_path_factory.mktemp("classifier")

@@ -134,7 +134,8 @@ def test_export_and_server_stay_inside_the_table(model_type: str, pad_token_id: 
     from components.core.optimize import optimize_model
     from components.core.package import package_dirs
     from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec, thresholds_for
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
 
     checkpoint = _checkpoint(model_type, pad_token_id, tmp_path / f"tiny-{model_type}")
     export = export_model(ExportSpec(source=str(checkpoint), task="text-embedding", name="tiny"), tmp_path / "export")

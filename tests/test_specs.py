@@ -11,9 +11,9 @@ from components.core.specs import (
     ParityThresholds,
     VariantSpec,
     parse_threshold_overrides,
-    thresholds_for,
     variant_grid,
 )
+from components.core.tasks import check_build_spec, check_export_spec, thresholds_for
 
 
 def test_variant_grid_keeps_only_supported_pairs() -> None:
@@ -51,9 +51,11 @@ def test_variant_spec_rejects_precision_the_target_lacks() -> None:
     ],
 )
 def test_export_spec_rejects(kwargs: dict[str, object], message: str) -> None:
+    """Its own values at construction; the task's checks in check_export_spec (every entry point
+    runs it before any work)."""
     fields = {"source": "x", "task": "text-embedding", "name": "ok"} | kwargs
     with pytest.raises(InvalidSpecError, match=message):
-        ExportSpec(**fields)  # type: ignore[arg-type]
+        check_export_spec(ExportSpec(**fields))  # type: ignore[arg-type]
 
 
 def test_thresholds_overrides_apply_per_precision_and_globally() -> None:
@@ -88,10 +90,12 @@ def test_threshold_override_syntax_errors(item: str, message: str) -> None:
 )
 def test_build_spec_checks_overrides_before_any_work(overrides: dict[str, dict[str, float]], message: str) -> None:
     with pytest.raises(InvalidSpecError, match=message):
-        BuildSpec(
-            export=ExportSpec(source="x", task="text-embedding", name="ok"),
-            variants=(VariantSpec(target="cpu", precision="int8"),),
-            threshold_overrides=overrides,
+        check_build_spec(
+            BuildSpec(
+                export=ExportSpec(source="x", task="text-embedding", name="ok"),
+                variants=(VariantSpec(target="cpu", precision="int8"),),
+                threshold_overrides=overrides,
+            )
         )
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.core.errors import InvalidSpecError
-from components.core.specs import BuildSpec, ExportSpec, thresholds_for
+from components.core.specs import TASK_OPTIONS, BuildSpec, ExportSpec
+from components.core.tasks import check_build_spec, check_task_options, thresholds_for
 
 if TYPE_CHECKING:
     from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
@@ -82,25 +83,32 @@ def export_parameters(
 
 
 def export_spec_from_parameters(params: Mapping[str, Any], *, source: str, default_name: str) -> ExportSpec:
-    """The ExportSpec of the export step's parameters (`export_parameters`); validated, so a bad
-    value fails here, before any heavy work."""
+    """The ExportSpec of the export step's parameters (`export_parameters`); validated, the task
+    and the options it reads included (`tasks.check_task_options`), so a bad value fails here,
+    before any heavy work."""
     pre = dict(params.get("preprocessing") or {})
     unknown = sorted(set(pre) - set(PREPROCESSING_KEYS))
     if unknown:
         raise InvalidSpecError(f"unknown preprocessing key {unknown[0]!r} (known: {', '.join(PREPROCESSING_KEYS)})")
+    task = str(params["task"])
+    options: dict[str, Any] = {
+        "max_length": int(params.get("max_length") or 0) or None,
+        "weights": str(params.get("weights") or "") or None,
+        "labels": str(params.get("labels") or "") or None,
+        "resize_size": pre.get("resize_size"),
+        "crop_size": pre.get("crop_size"),
+        "mean": tuple(pre["mean"]) if pre.get("mean") else None,
+        "std": tuple(pre["std"]) if pre.get("std") else None,
+        "validation_images": str(pre.get("validation_images") or "") or None,
+        "calibration_images": str(pre.get("calibration_images") or "") or None,
+    }
+    # the task's checks first, as ExportSpec made them when it consulted the registry itself
+    check_task_options(task, [key for key in TASK_OPTIONS if options[key] is not None])
     return ExportSpec(
         source=source,
-        task=str(params["task"]),
+        task=task,
         name=str(params.get("name") or default_name),
-        max_length=int(params.get("max_length") or 0) or None,
-        weights=str(params.get("weights") or "") or None,
-        labels=str(params.get("labels") or "") or None,
-        resize_size=pre.get("resize_size"),
-        crop_size=pre.get("crop_size"),
-        mean=tuple(pre["mean"]) if pre.get("mean") else None,  # type: ignore[arg-type]
-        std=tuple(pre["std"]) if pre.get("std") else None,  # type: ignore[arg-type]
-        validation_images=str(pre.get("validation_images") or "") or None,
-        calibration_images=str(pre.get("calibration_images") or "") or None,
+        **options,
         allow_degenerate_reference=bool(params.get("allow_degenerate_reference", False)),
     )
 
@@ -139,6 +147,7 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
     from components.core.parity import validate_variant
     from components.core.report import write_report
 
+    check_build_spec(spec)  # what the spec cannot check alone (the task's options, recipe, gates)
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise InvalidSpecError(f"output directory exists: {out_dir} (use --force to replace it)")
@@ -234,9 +243,9 @@ def run_export_step(
         is_remote,
         load_credentials,
         parse_source_versions,
-        resolve_model_source,
         tree_digest,
     )
+    from components.core.tasks import resolve_model_source
 
     loaded = load_credentials()
     if loaded:

@@ -57,9 +57,10 @@ def _write_probe(export: ExportResult, out_dir: Path) -> str:
 def export_model(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` for `spec.task` into `out_dir` (model.onnx, reference.npz, export.json,
     the probe set, and the tokenizer for text models)."""
-    from components.core.tasks import get_family
+    from components.core.tasks import check_export_spec, get_family
     from serving.bundle import BundleError, check_sections
 
+    check_export_spec(spec)  # the task and the options it reads, before any work
     out_dir = Path(out_dir)
     result = get_family(spec.task).export(spec, out_dir)
     try:  # the manifest's task sections are checked where the facts are born, not at package time

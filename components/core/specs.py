@@ -1,7 +1,10 @@
 """Frozen specs: what to export, which variants to build, and the parity thresholds.
 
-Everything is validated in `__post_init__`, so a bad option fails before any heavy work starts.
-Nothing here imports torch or onnxruntime.
+Each spec checks its own values in `__post_init__`. What only the task family knows (the task
+exists, the options apply to it, its default gates, its int8 recipes) is checked by
+`components.core.tasks.check_export_spec` / `check_build_spec`, which `export_model`,
+`build_bundle` and the command line run before any heavy work: this module does not import the
+task registry. Nothing here imports torch or onnxruntime.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from components.core.errors import InvalidSpecError, and_list, did_you_mean
+from components.core.errors import InvalidSpecError, did_you_mean
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 
@@ -157,15 +160,7 @@ class ExportSpec:
     allow_degenerate_reference: bool = False
 
     def __post_init__(self) -> None:
-        from components.core.tasks import get_family
-
-        family = get_family(self.task)  # an unknown task fails here, naming the known ones
-        given = [f.name for f in fields(self) if f.name in TASK_OPTIONS and getattr(self, f.name) is not None]
-        foreign = [name for name in given if name not in family.options]
-        if foreign:
-            flags = and_list(["--" + name.replace("_", "-") for name in foreign])
-            verb = "does" if len(foreign) == 1 else "do"
-            raise InvalidSpecError(f"{flags} {verb} not apply to task {self.task!r}")
+        # the task and the options it reads: components.core.tasks.check_export_spec
         if not _NAME.match(self.name):
             raise InvalidSpecError(f"invalid bundle name {self.name!r}: use letters, digits, '.', '_' and '-'")
         if self.max_length is not None and not 1 < self.max_length <= 8192:
@@ -224,13 +219,6 @@ class ParityThresholds:
         return replace(self, **overrides)
 
 
-def default_thresholds(task: str, precision: str) -> ParityThresholds:
-    """The task family's default gate for a precision (components/core/tasks/)."""
-    from components.core.tasks import get_family
-
-    return get_family(task).thresholds[precision]
-
-
 def parse_threshold_overrides(items: list[str]) -> dict[str, dict[str, float]]:
     """Parse `PRECISION.NAME=VALUE` (or `NAME=VALUE` for every precision) options.
 
@@ -255,15 +243,6 @@ def parse_threshold_overrides(items: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def thresholds_for(task: str, precision: str, overrides: dict[str, dict[str, float]] | None = None) -> ParityThresholds:
-    """Default thresholds for a task and precision with user overrides applied and checked."""
-    base = default_thresholds(task, precision)
-    merged: dict[str, float | None] = {}
-    for scope in ("*", precision):
-        merged.update((overrides or {}).get(scope, {}))
-    return base.updated(**merged)
-
-
 @dataclass(frozen=True, kw_only=True)
 class BuildSpec:
     """A whole build: one export, a grid of variants, their gates, and where the bundle goes."""
@@ -278,13 +257,8 @@ class BuildSpec:
     int8_recipe: str | None = None
 
     def __post_init__(self) -> None:
-        from components.core.tasks import check_int8_recipe
-
+        # the int8 recipe and every variant's gate: components.core.tasks.check_build_spec
         if not self.variants:
             raise InvalidSpecError("no variants to build")
-        if self.int8_recipe:
-            if all(v.precision != "int8" for v in self.variants):
-                raise InvalidSpecError("--int8-recipe applies only when int8 is among the precisions")
-            check_int8_recipe(self.export.task, self.int8_recipe)
-        for v in self.variants:  # fail now, not after the export, on a bad override
-            thresholds_for(self.export.task, v.precision, self.threshold_overrides)
+        if self.int8_recipe and all(v.precision != "int8" for v in self.variants):
+            raise InvalidSpecError("--int8-recipe applies only when int8 is among the precisions")

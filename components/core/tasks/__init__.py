@@ -9,75 +9,24 @@ Adding a task is one module here, one in serving/tasks/, and their tests.
 Families are registered explicitly in `_registry` (no import side effects). Modules here import
 only numpy and the library at import time; torch and onnxruntime load inside functions, so the
 registry is cheap to consult (the CLI validates options with it before any heavy work).
+
+The checks of a spec that need the family live here too (`check_export_spec`, `check_build_spec`,
+`thresholds_for`): components.core.specs does not import the registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import fields
 from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from components.core.errors import InvalidSpecError, did_you_mean
+from components.core.errors import InvalidSpecError, and_list, did_you_mean
+from components.core.specs import TASK_OPTIONS
+from components.core.tasks.family import TaskFamily
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from components.core.artifacts import ExportResult
-    from components.core.specs import ExportSpec, ParityThresholds
-    from serving.probe import Probe
-
-
-@dataclass(frozen=True, kw_only=True)
-class Comparison:
-    """A variant's outputs against PyTorch's on the validation set: every number, per-item
-    distances for the report, how many samples, and misses that are not thresholds (NaN rows)."""
-
-    values: dict[str, float]
-    per_item: dict[str, list[float]]
-    samples: int
-    misses: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportSpec:
-    """How the report shows a task: summary columns (header, metric, format), the per-item
-    distance plot (per_item key, axis label, how the gate's threshold maps onto that axis) and
-    the agreement plot (per_item key, k, axis label)."""
-
-    columns: tuple[tuple[str, str, str], ...]
-    distance: tuple[str, str, Callable[[dict[str, float]], float | None]]
-    agreement: tuple[str, int, str]
-    unit: str  # "sentences", "images", ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskFamily:
-    name: str
-    description: str
-    # ExportSpec fields this task reads beyond source/name/opset: options it does not read are refused
-    options: frozenset[str]
-    resolve_source: Callable[[str], tuple[str, str]]  # user's --model -> (source, default bundle name)
-    export: Callable[[ExportSpec, Path], ExportResult]
-    thresholds: dict[str, ParityThresholds]  # default gate per precision
-    check_signature: Callable[[Any], list[str]]  # an ORT session's inputs/outputs against the contract
-    compare: Callable[[Any, Any, Path], Comparison]  # (session, reference npz, export dir)
-    bench_feeds: Callable[[ExportResult], dict[str, tuple[int, dict[str, np.ndarray]]]]
-    # (fused fp32 graph, int8 graph to write, export, export dir, pinned recipe or None): the int8
-    # recipe, which may read the export (its model_type, its calibration data); may return what it
-    # chose and measured (the optimize step's `int8` metrics)
-    quantize_int8: Callable[[Path, Path, ExportResult, Path, str | None], dict[str, Any] | None]
-    select_probe: Callable[[ExportResult, Path], Probe]
-    report: ReportSpec
-    # transformer fusions before the precision conversion:
-    # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
-    fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
-    # the int8 recipes a build may pin by name (components/core/recipes.py; empty: none)
-    int8_recipes: tuple[str, ...] = ()
-    # its outputs are vectors an index stores: `ortpack bundle diff` and the pipeline's baseline
-    # check (components/core/compat.py) apply
-    embedding_space: bool = False
+    from components.core.specs import BuildSpec, ExportSpec, ParityThresholds
 
 
 @cache
@@ -102,6 +51,11 @@ def task_names() -> tuple[str, ...]:
     return tuple(_registry())
 
 
+def resolve_model_source(value: str, task: str) -> tuple[str, str]:
+    """Return `(source, default_name)` for `value` as the task's family understands it."""
+    return get_family(task).resolve_source(value)
+
+
 def check_int8_recipe(task: str, recipe: str | None) -> None:
     """Refuse a pinned int8 recipe the task does not have, naming the ones it has."""
     if not recipe:
@@ -112,3 +66,44 @@ def check_int8_recipe(task: str, recipe: str | None) -> None:
         raise InvalidSpecError(
             f"unknown int8 recipe {recipe!r} for task {task!r} (known: {names}){did_you_mean(recipe, known)}"
         )
+
+
+def check_task_options(task: str, given: Iterable[str]) -> None:
+    """Refuse an unknown task (naming the known ones), then the ExportSpec options in `given`
+    (field names, in field order) that the task does not read."""
+    family = get_family(task)  # an unknown task fails here, naming the known ones
+    foreign = [name for name in given if name not in family.options]
+    if foreign:
+        flags = and_list(["--" + name.replace("_", "-") for name in foreign])
+        verb = "does" if len(foreign) == 1 else "do"
+        raise InvalidSpecError(f"{flags} {verb} not apply to task {task!r}")
+
+
+def check_export_spec(spec: ExportSpec) -> None:
+    """What an ExportSpec cannot check alone: its task is known and reads every option given."""
+    check_task_options(
+        spec.task, [f.name for f in fields(spec) if f.name in TASK_OPTIONS and getattr(spec, f.name) is not None]
+    )
+
+
+def default_thresholds(task: str, precision: str) -> ParityThresholds:
+    """The task family's default gate for a precision."""
+    return get_family(task).thresholds[precision]
+
+
+def thresholds_for(task: str, precision: str, overrides: dict[str, dict[str, float]] | None = None) -> ParityThresholds:
+    """Default thresholds for a task and precision with user overrides applied and checked."""
+    base = default_thresholds(task, precision)
+    merged: dict[str, float | None] = {}
+    for scope in ("*", precision):
+        merged.update((overrides or {}).get(scope, {}))
+    return base.updated(**merged)
+
+
+def check_build_spec(spec: BuildSpec) -> None:
+    """What a BuildSpec cannot check alone: its export (`check_export_spec`), its pinned int8
+    recipe, and every variant's gate with the overrides applied (fail now, not after the export)."""
+    check_export_spec(spec.export)
+    check_int8_recipe(spec.export.task, spec.int8_recipe)
+    for v in spec.variants:
+        thresholds_for(spec.export.task, v.precision, spec.threshold_overrides)

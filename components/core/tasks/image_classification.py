@@ -22,7 +22,7 @@ import numpy as np
 
 from components.core.recipes import STATIC_INT8_RECIPES
 from components.core.specs import ParityThresholds
-from components.core.tasks import Comparison, ReportSpec, TaskFamily
+from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from serving.gates import decisive_rows, probability_metrics, topk_overlap
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     import shutil
 
     from components.core.artifacts import load_arrays
-    from components.core.optimize import quantize_int8_static
+    from components.core.graph_recipes import quantize_int8_static
     from components.core.recipes import PINNED_RULE
     from serving.gates import gate
     from serving.runtime import DISABLED_OPTIMIZERS

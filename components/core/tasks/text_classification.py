@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import components.core.tasks.text_embedding as text
 from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
-from components.core.tasks import Comparison, ReportSpec, TaskFamily
-from components.core.tasks import text_embedding as text
+from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from serving.gates import probability_metrics, rank_agreement, topk_overlap
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import numpy as np
 
 from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
-from components.core.tasks import Comparison, ReportSpec, TaskFamily
+from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from serving.gates import cosine_rows, neighbour_overlap
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def quantize_int8_fixed(src: Path, dst: Path, export: ExportResult, export_dir: 
     """Dynamic int8 without a search: the pinned recipe, else 7-bit per-channel weights (the
     search's first recipe); the encoder family says which MatMuls quantize their activations per
     token (`EncoderFamily.int8_per_token`: MPNet's second FFN MatMul)."""
-    from components.core.optimize import quantize_int8_dynamic
+    from components.core.graph_recipes import quantize_int8_dynamic
     from components.core.recipes import PER_CHANNEL, dynamic_recipe
 
     chosen = dynamic_recipe(recipe) if recipe else PER_CHANNEL
@@ -168,8 +168,8 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     from functools import partial
 
     from components.core.artifacts import load_arrays
+    from components.core.graph_recipes import quantize_int8_dynamic
     from components.core.int8_search import Candidate, search
-    from components.core.optimize import quantize_int8_dynamic
     from components.core.recipes import DYNAMIC_INT8_RECIPES, PINNED_RULE, DynamicInt8
 
     if recipe:
@@ -290,9 +290,9 @@ def _embed_each(session: Any, payloads: list[np.ndarray]) -> np.ndarray:
 
 def fuse(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str, int], str]:
     """The encoder family's fusions (components/core/exporters/families.py)."""
-    from components.core.optimize import _fuse
+    from components.core.graph_recipes import fuse_graph
 
-    return _fuse(raw, export, use_gpu)
+    return fuse_graph(raw, export, use_gpu)
 
 
 def select_indices(texts: list[str], lengths: np.ndarray, count: int = PROBE_TEXTS) -> list[int]:

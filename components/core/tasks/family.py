@@ -1,0 +1,70 @@
+"""The shape of a task family (`TaskFamily`) and the values its functions return.
+
+A leaf of the task package: the family modules (text_embedding.py, ...) import these types, and
+the registry in `components.core.tasks` imports the family modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from components.core.artifacts import ExportResult
+    from components.core.specs import ExportSpec, ParityThresholds
+    from serving.probe import Probe
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """A variant's outputs against PyTorch's on the validation set: every number, per-item
+    distances for the report, how many samples, and misses that are not thresholds (NaN rows)."""
+
+    values: dict[str, float]
+    per_item: dict[str, list[float]]
+    samples: int
+    misses: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportSpec:
+    """How the report shows a task: summary columns (header, metric, format), the per-item
+    distance plot (per_item key, axis label, how the gate's threshold maps onto that axis) and
+    the agreement plot (per_item key, k, axis label)."""
+
+    columns: tuple[tuple[str, str, str], ...]
+    distance: tuple[str, str, Callable[[dict[str, float]], float | None]]
+    agreement: tuple[str, int, str]
+    unit: str  # "sentences", "images", ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskFamily:
+    name: str
+    description: str
+    # ExportSpec fields this task reads beyond source/name/opset: options it does not read are refused
+    options: frozenset[str]
+    resolve_source: Callable[[str], tuple[str, str]]  # user's --model -> (source, default bundle name)
+    export: Callable[[ExportSpec, Path], ExportResult]
+    thresholds: dict[str, ParityThresholds]  # default gate per precision
+    check_signature: Callable[[Any], list[str]]  # an ORT session's inputs/outputs against the contract
+    compare: Callable[[Any, Any, Path], Comparison]  # (session, reference npz, export dir)
+    bench_feeds: Callable[[ExportResult], dict[str, tuple[int, dict[str, np.ndarray]]]]
+    # (fused fp32 graph, int8 graph to write, export, export dir, pinned recipe or None): the int8
+    # recipe, which may read the export (its model_type, its calibration data); may return what it
+    # chose and measured (the optimize step's `int8` metrics)
+    quantize_int8: Callable[[Path, Path, ExportResult, Path, str | None], dict[str, Any] | None]
+    select_probe: Callable[[ExportResult, Path], Probe]
+    report: ReportSpec
+    # transformer fusions before the precision conversion:
+    # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
+    fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
+    # the int8 recipes a build may pin by name (components/core/recipes.py; empty: none)
+    int8_recipes: tuple[str, ...] = ()
+    # its outputs are vectors an index stores: `ortpack bundle diff` and the pipeline's baseline
+    # check (components/core/compat.py) apply
+    embedding_space: bool = False
