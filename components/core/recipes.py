@@ -50,18 +50,20 @@ PER_CHANNEL = DynamicInt8()
 DYNAMIC_INT8_RECIPES = (PER_CHANNEL, DynamicInt8(per_channel=False), DynamicInt8(fp32_ffn_output=True))
 
 
+# Every dynamic recipe a text task accepts, by name: each MatMul recipe and its int8-embeddings form.
+DYNAMIC_INT8_BY_NAME: dict[str, DynamicInt8] = {
+    variant.name: variant for r in DYNAMIC_INT8_RECIPES for variant in (r, replace(r, int8_embeddings=True))
+}
+
+
 def dynamic_recipe_names() -> tuple[str, ...]:
     """Every dynamic recipe a text task accepts: each MatMul recipe and its int8-embeddings form."""
-    return tuple(name for r in DYNAMIC_INT8_RECIPES for name in (r.name, replace(r, int8_embeddings=True).name))
+    return tuple(DYNAMIC_INT8_BY_NAME)
 
 
 def dynamic_recipe(name: str) -> DynamicInt8:
     """The dynamic recipe called `name` (one of `dynamic_recipe_names()`)."""
-    for r in DYNAMIC_INT8_RECIPES:
-        for candidate in (r, replace(r, int8_embeddings=True)):
-            if candidate.name == name:
-                return candidate
-    raise KeyError(name)
+    return DYNAMIC_INT8_BY_NAME[name]
 
 
 # Static int8 recipes for convolution nets, fastest first (components/core/tasks/image_classification.py
