@@ -65,12 +65,12 @@ def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[
     except Exception as exc:  # noqa: BLE001 - a failed family is a row of the table, not the end of the run
         return {"builds": False, "error": f"export: {type(exc).__name__}: {exc}"}
     export = ExportResult.load(work / "export")
-    assert export.tokenizer is not None
+    assert export.task_settings["tokenizer"] is not None
     row.update(
         exporter=export.model_info.get("exporter"),
         opset=export.opset,
         inputs=[i["name"] for i in export.inputs],
-        max_length=export.tokenizer["max_length"],
+        max_length=export.task_settings["tokenizer"]["max_length"],
         nodes_raw=int(export.metrics["nodes"]),
         reference_spread=export.metrics.get("reference_spread"),
         torch_p50_ms=export.torch_latency[SHAPE]["p50_ms"],

@@ -37,8 +37,8 @@ def heldout_agreement(bundle: Path, photos: Path, model: str, weights: str | Non
     from serving.runtime import create_session, plan_for
 
     manifest = verify_bundle(bundle)
-    assert manifest.preprocessing is not None
-    pre = manifest.preprocessing.model_dump()
+    assert manifest.task_settings.preprocessing is not None
+    pre = manifest.task_settings.preprocessing.model_dump()
     files = read_image_files(str(photos), "held-out photos")
     network, _ = load_image_network(parse_image_source(model), weights, int(pre["crop_size"]))
     classifier = Classifier(network).eval()

@@ -189,8 +189,8 @@ def main() -> int:
     from serving.bundle import verify_bundle
 
     manifest = verify_bundle(Path(args.bundle))
-    assert manifest.tokenizer is not None, "bench/model_latency.py measures text bundles"
-    names = ",".join(manifest.tokenizer.model_input_names)
+    assert manifest.task_settings.tokenizer is not None, "bench/model_latency.py measures text bundles"
+    names = ",".join(manifest.task_settings.tokenizer.model_input_names)
     vocab = "30000"  # random ids in [1000, 30000) exist in every BERT-family vocabulary we ship
     workers = {"pytorch": Worker(["torch", args.model, names, vocab, "--bundle", args.bundle])}
     for variant in manifest.variants:

@@ -27,7 +27,7 @@ def export_model(
         model_uri: s3://, minio://, gs://, http(s):// (a tar), hf://ORG/NAME@REVISION, a path in
             the image or on a mounted volume, or a bundled model name (all-MiniLM-L6-v2).
         source_versions: The resolve step's pins (the content each source held when the run started).
-        task: text-embedding, text-classification or image-classification.
+        task: The task, e.g. text-embedding or image-classification (each is serving/contracts/<task>.py).
         name: The bundle name; empty for the model's own name.
         max_length: Token limit of text models; 0 for the model's own.
         weights: Image models: a state-dict file (a path, or a URI of a .safetensors file); empty

@@ -196,6 +196,7 @@ def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, 
         given = "--require-compatible" if args.require_compatible else "--compatibility-budget"
         raise InvalidSpecError(f"{given} applies only with --baseline-bundle")
     if baseline and local and "://" not in baseline:
+        from components.core.tasks import get_family
         from serving.bundle import MANIFEST_NAME, read_manifest
 
         path = Path(baseline).expanduser()
@@ -204,7 +205,7 @@ def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, 
             raise InvalidSpecError(f"--baseline-bundle: no bundle at {baseline}")
         if path.is_dir():
             manifest = read_manifest(path)
-            if manifest.pooling is None:
+            if not get_family(manifest.task).embedding_space:
                 raise InvalidSpecError(
                     f"--baseline-bundle: {baseline} is a {manifest.task} bundle; only text-embedding bundles "
                     "are compared (as `ortpack bundle diff` does)"
@@ -815,6 +816,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+    from serving.contracts import DEFAULT_TASK, contract_names
+
     if required:
         p.add_argument(
             "--model",
@@ -832,8 +835,8 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         )
     p.add_argument(
         "--task",
-        default="text-embedding",
-        help="text-embedding (default), text-classification or image-classification",
+        default=DEFAULT_TASK,
+        help=f"{DEFAULT_TASK} (default), " + " or ".join(t for t in contract_names() if t != DEFAULT_TASK),
     )
     p.add_argument("--name", help="bundle name (default: the model's directory or name)")
     p.add_argument("--max-length", type=int, help="token limit of text models (default: the model's own)")
@@ -917,16 +920,15 @@ def _add_thresholds(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[PRECISION.]NAME=VALUE",
         help="override a parity threshold, e.g. int8.min_neighbour_agreement=0.9 or max_abs_diff=1e-5 "
-        f"(names: {', '.join(_threshold_names())}; each task gates its own); repeatable",
+        f"(each task gates its own: {'; '.join(_threshold_names())}); repeatable",
     )
 
 
 def _threshold_names() -> list[str]:
-    from dataclasses import fields
+    """Every task's threshold names (serving/contracts/<task>.py), as `task: a, b`."""
+    from serving.contracts import contract_names, get_contract
 
-    from components.core.specs import ParityThresholds
-
-    return [f.name for f in fields(ParityThresholds)]
+    return [f"{task}: {' '.join(get_contract(task).gates)}" for task in contract_names()]
 
 
 def _add_graph(p: argparse.ArgumentParser) -> None:

@@ -36,6 +36,7 @@ from components.optimize import optimize_variant
 from components.package import check_gate, package_bundle, publish_bundle
 from components.source import resolve_source
 from components.validate import validate_variant
+from serving.contracts import DEFAULT_TASK
 
 PIPELINE_NAME = "package-model"
 ALL_TARGETS = ("cpu", "cuda")
@@ -151,7 +152,7 @@ def make_pipeline(
 
     def package_model(
         model_uri: str = "all-MiniLM-L6-v2",
-        task: str = "text-embedding",
+        task: str = DEFAULT_TASK,
         name: str = "",
         max_length: int = 0,
         weights: str = "",
@@ -191,7 +192,7 @@ def make_pipeline(
                 hf://ORG/NAME@REVISION, a path in the image or under /mnt/models (--model-pvc),
                 or a bundled model name (all-MiniLM-L6-v2); image models also a torchvision name,
                 PACKAGE.MODULE:FACTORY (importable in the image) or a torch.export FILE.pt2.
-            task: text-embedding, text-classification or image-classification.
+            task: The task, e.g. text-embedding or image-classification (each is serving/contracts/<task>.py).
             name: Bundle name (empty: the model's own).
             max_length: Token limit of text models (0: the model's own).
             weights: Image models: a state-dict file (path, or URI of a .safetensors file; empty: random).

@@ -19,25 +19,27 @@ import tempfile
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from serving.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, ArchiveRules, is_inside, is_safe_relpath
+from serving.contracts import TaskSettings, UnknownTaskError, get_contract, settings_union
+from serving.contracts.text_embedding import TextEmbeddingSettings
 
 # 2: hardware records, the probe set and typed parity/benchmark sections (a version-1 bundle has no
 # probe for the node check: rebuild it).
-SCHEMA_VERSION = 2
+# 3: the task's own section, `task_settings`, keyed by its `task` (serving/contracts/<task>.py)
+# where version 2 had every task's optional sections at the top level (`upgrade_v2` reads those).
+SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
-
-Task = Literal["text-embedding", "image-classification", "text-classification"]
-# The task sections each task's manifest must carry (the rest of a task's knowledge lives in its
-# modules: components/core/tasks/ and serving/tasks/).
-TASK_SECTIONS: dict[str, tuple[str, ...]] = {
-    "text-embedding": ("tokenizer", "pooling"),
-    "image-classification": ("preprocessing",),
-    "text-classification": ("tokenizer", "classification"),
-}
+# The top-level task sections of a version-2 manifest (frozen: version 2 will never change)
+V2_SECTIONS = ("tokenizer", "pooling", "preprocessing", "classification", "labels")
+# Every registered task's section, discriminated by its `task` field (the type checker sees the base)
+if TYPE_CHECKING:
+    TaskSection = TaskSettings
+else:
+    TaskSection = settings_union()
 
 
 class BundleError(ValueError):
@@ -80,60 +82,6 @@ class Source(_Strict):
     id: str
     revision: str | None = None
     weights_sha256: str | None = None
-
-
-class TokenizerSettings(_Strict):
-    """How text becomes `input_ids`: the serving side must tokenize exactly like this."""
-
-    file: str = "tokenizer.json"
-    max_length: int = Field(gt=0)
-    truncation: bool = True
-    padding: Literal["longest"] = "longest"
-    pad_token_id: int = Field(ge=0)
-    model_input_names: list[str]
-
-
-class Pooling(_Strict):
-    """The post-processing baked into a text-embedding graph."""
-
-    mode: Literal["mean", "cls", "max"]
-    normalize: bool
-
-
-class ImagePreprocessing(_Strict):
-    """The raw input contract of an image graph and the preprocessing baked into it."""
-
-    input_dtype: Literal["uint8"] = "uint8"
-    layout: Literal["NHWC"] = "NHWC"
-    value_range: tuple[int, int] = (0, 255)
-    color: Literal["RGB"] = "RGB"
-    resize_size: int = Field(gt=0)
-    crop_size: int = Field(gt=0)
-    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
-    antialias: bool = True
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    # How the server decodes JPEGs by default, as the parity gate measured it: "exact" (every
-    # pixel, like the PyTorch reference) or "reduced" (libjpeg's DCT scaling to the smallest of
-    # 1/2, 1/4, 1/8 that keeps the shorter side >= decode_min_side). Each variant's parity values
-    # say whether its gate validated the reduced path (serving/images.py); bundles without the
-    # field decode exactly.
-    decode: Literal["exact", "reduced"] = "exact"
-    decode_min_side: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _check_decode(self) -> ImagePreprocessing:
-        if (self.decode == "reduced") != (self.decode_min_side > 0):
-            raise ValueError("decode 'reduced' needs decode_min_side > 0 (and 'exact' none)")
-        return self
-
-
-class Classification(_Strict):
-    """The head of a text classifier: the activation baked into the graph, and whether it scores
-    (query, document) pairs (a cross-encoder, served as /v1/rerank) or single texts."""
-
-    activation: Literal["softmax", "sigmoid", "none"]
-    pairs: bool
 
 
 class FileEntry(_Strict):
@@ -307,15 +255,12 @@ class Manifest(_Strict):
     schema_version: int
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     version: str
-    task: Task
     source: Source
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    tokenizer: TokenizerSettings | None = None
-    pooling: Pooling | None = None
-    preprocessing: ImagePreprocessing | None = None
-    classification: Classification | None = None
-    labels: list[str] | None = None
+    # what the task reads beyond the graph (tokenizer, pooling, preprocessing, labels...): the
+    # task's own model (serving/contracts/<task>.py), chosen by its `task` field
+    task_settings: TaskSection
     probe: ProbeSet | None = None
     variants: list[Variant] = Field(min_length=1)
     files: dict[str, FileEntry] = Field(default_factory=dict)
@@ -327,10 +272,11 @@ class Manifest(_Strict):
         ids = [v.id for v in self.variants]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate variant ids: {ids}")
-        missing = [name for name in TASK_SECTIONS[self.task] if getattr(self, name) is None]
-        if missing:
-            raise ValueError(f"a {self.task} manifest needs {' and '.join(missing)} settings")
         return self
+
+    @property
+    def task(self) -> str:
+        return self.task_settings.task
 
     def variant(self, variant_id: str) -> Variant:
         for v in self.variants:
@@ -342,8 +288,7 @@ class Manifest(_Strict):
     def referenced_files(self) -> list[str]:
         """Files the manifest itself points at (variants, tokenizer): they must be listed."""
         names = [v.file for v in self.variants]
-        if self.tokenizer is not None:
-            names.append(self.tokenizer.file)
+        names += self.task_settings.shared_files()
         if self.probe is not None:
             names.append(self.probe.file)
         return names
@@ -354,9 +299,10 @@ def computed_space(manifest: Manifest, variant: Variant) -> EmbeddingSpace | Non
     variant's and the tokenizer's sha256 in `files`, the source weights' sha256, pooling,
     normalisation, output dimensions and max length. None for other tasks, or when a fact is
     missing (a file not listed, a dynamic output width)."""
-    tokenizer, pooling = manifest.tokenizer, manifest.pooling
-    if tokenizer is None or pooling is None or not manifest.outputs:  # pooling: only embeddings have it
+    settings = manifest.task_settings
+    if not isinstance(settings, TextEmbeddingSettings) or not manifest.outputs:
         return None
+    tokenizer, pooling = settings.tokenizer, settings.pooling
     model, vocab = manifest.files.get(variant.file), manifest.files.get(tokenizer.file)
     width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
     if model is None or vocab is None or not isinstance(width, int):
@@ -388,27 +334,37 @@ def variant_file(variant_id: str) -> str:
     return f"variants/{variant_id}/model.onnx"
 
 
-def check_sections(task: str, sections: Mapping[str, Any]) -> None:
-    """Validate an export's task sections (tokenizer, pooling, preprocessing, classification,
-    labels...) against the manifest models now, where the facts are born, instead of at package
-    time; raises BundleError naming the first problem."""
-    if task not in TASK_SECTIONS:
-        raise BundleError(f"unknown task {task!r} (known: {', '.join(TASK_SECTIONS)})")
-    models: dict[str, Any] = {
-        "tokenizer": TokenizerSettings,
-        "pooling": Pooling,
-        "preprocessing": ImagePreprocessing,
-        "classification": Classification,
-    }
-    for name in TASK_SECTIONS[task]:
-        if sections.get(name) is None:
-            raise BundleError(f"a {task} export needs {name} settings")
-    for name, model in models.items():
-        if sections.get(name) is not None:
-            try:
-                model.model_validate(sections[name])
-            except ValidationError as exc:
-                raise BundleError(f"invalid {name} settings: {_first_error(exc)}") from None
+def check_task_settings(task: str, settings: Mapping[str, Any]) -> TaskSettings:
+    """Validate an export's task section (tokenizer, pooling, preprocessing, labels...) against its
+    task's manifest model now, where the facts are born, instead of at package time; raises
+    BundleError naming the first problem."""
+    try:
+        model = get_contract(task).settings
+    except UnknownTaskError as exc:
+        raise BundleError(str(exc)) from None
+    try:
+        return model.model_validate({**settings, "task": task})
+    except ValidationError as exc:
+        raise BundleError(f"invalid {task} settings: {_first_error(exc)}") from None
+
+
+def upgrade_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 manifest's fields as version 3: the task's top-level sections move into
+    `task_settings` (bundles stay readable; their files and signatures are untouched)."""
+    out = {k: v for k, v in raw.items() if k not in V2_SECTIONS and k != "task"}
+    task = raw.get("task")
+    section: dict[str, Any] = {"task": task}
+    try:
+        known = get_contract(str(task)).settings.model_fields
+    except UnknownTaskError as exc:
+        raise BundleError(str(exc)) from None
+    for key in V2_SECTIONS:
+        if raw.get(key) is not None:
+            if key not in known:
+                raise BundleError(f"a {task} manifest cannot have {key} settings")
+            section[key] = raw[key]
+    out.update(schema_version=SCHEMA_VERSION, task_settings=section)
+    return out
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -563,9 +519,12 @@ def read_manifest(bundle_dir: Path, trusted_sha256: str | None = None) -> Manife
             f"{bundle_dir} is a schema_version 1 bundle, written by an older ortpack without the probe set "
             f"every node re-checks: rebuild it (this ortpack reads version {SCHEMA_VERSION})"
         )
-    if version != SCHEMA_VERSION:
+    if version == 2:
+        raw = upgrade_v2(raw)
+    elif version != SCHEMA_VERSION:
         raise BundleError(
-            f"unknown bundle schema_version {version!r} in {bundle_dir} (this ortpack reads version {SCHEMA_VERSION})"
+            f"unknown bundle schema_version {version!r} in {bundle_dir} "
+            f"(this ortpack reads versions 2 and {SCHEMA_VERSION})"
         )
     try:
         return Manifest.model_validate(raw)

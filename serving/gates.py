@@ -1,5 +1,6 @@
-"""The parity gate's arithmetic, defined once: which metric is compared with which threshold in
-which direction, and the metrics themselves.
+"""The parity gate's arithmetic, defined once: how a metric is compared with its threshold
+(`Gate`; each task lists its own in its contract, serving/contracts/<task>.py), and the metrics
+themselves.
 
 Used by the pipeline's validate step (against the whole validation set) and by every serving
 node's probe check (against the bundle's probe set, before ready), so "passed" means the same
@@ -10,24 +11,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-# metric -> (comparison, threshold name). The direction of a threshold is read from here only.
-GATES: dict[str, tuple[str, str]] = {
-    "max_abs_diff": ("<=", "max_abs_diff"),
-    "mean_abs_diff": ("<=", "mean_abs_diff"),
-    "min_cosine": (">=", "min_cosine"),
-    "mean_cosine": (">=", "mean_cosine"),
-    "neighbour_agreement": (">=", "min_neighbour_agreement"),
-    "top1_agreement": (">=", "min_top1_agreement"),
-    "top5_agreement": (">=", "min_top5_agreement"),
-    "decisive_top1_agreement": (">=", "min_decisive_top1_agreement"),
-    "max_pixel_diff": ("<=", "max_pixel_diff"),
-    "rank_agreement": (">=", "min_rank_agreement"),
-}
-# threshold name -> the metric it gates and the comparison
-THRESHOLDS: dict[str, tuple[str, str]] = {field: (metric, op) for metric, (op, field) in GATES.items()}
+
+@dataclass(frozen=True)
+class Gate:
+    """One gated number: the metric a check measures, the threshold that bounds it, and the
+    direction (`<=`: a ceiling such as max |diff|; `>=`: a floor such as an agreement)."""
+
+    metric: str
+    op: Literal["<=", ">="]
+    threshold: str
+
+
+# threshold name -> its Gate: each task's own table (serving/contracts/<task>.py)
+GateTable = Mapping[str, Gate]
+
+
+def ceiling(metric: str, threshold: str | None = None) -> Gate:
+    """A metric that must stay at or below its threshold (named like the metric unless given)."""
+    return Gate(metric=metric, op="<=", threshold=threshold or metric)
+
+
+def floor(metric: str, threshold: str | None = None) -> Gate:
+    """A metric that must reach its threshold (`min_` + the metric unless given)."""
+    return Gate(metric=metric, op=">=", threshold=threshold or f"min_{metric}")
+
+
+def gate_table(*gates: Gate) -> dict[str, Gate]:
+    """A task's gates by threshold name, in the order checks and reports list them."""
+    table = {g.threshold: g for g in gates}
+    if len(table) != len(gates) or len({g.metric for g in gates}) != len(gates):
+        raise ValueError(f"a gate table names a metric or threshold twice: {[g.threshold for g in gates]}")
+    return table
+
+
 NEIGHBOURS = 10
 # A reference row is decisive when its top class leads the runner-up by at least this much
 # probability: a flip between classes PyTorch itself nearly ties (a tabby against a tiger cat at
@@ -35,16 +56,13 @@ NEIGHBOURS = 10
 DECISIVE_MARGIN = 0.1
 
 
-def is_floor(threshold: str) -> bool:
-    """True for thresholds a value must reach (`>=`: agreement, cosine), False for ceilings."""
-    return THRESHOLDS[threshold][1] == ">="
-
-
-def gate(values: Mapping[str, float], thresholds: Mapping[str, float | None]) -> list[str]:
-    """Every threshold the values miss, as `metric value (needs op limit)` lines. A metric that
-    was not measured is not gated (the probe check measures fewer than the full gate)."""
+def gate(values: Mapping[str, float], thresholds: Mapping[str, float | None], gates: GateTable) -> list[str]:
+    """Every threshold the values miss, as `metric value (needs op limit)` lines, in the order of
+    the task's `gates`. A metric that was not measured is not gated (the probe check measures
+    fewer than the full gate)."""
     misses = []
-    for metric, (op, field) in GATES.items():
+    for field, g in gates.items():
+        metric, op = g.metric, g.op
         limit = thresholds.get(field)
         if limit is None or metric not in values:
             continue
@@ -58,10 +76,11 @@ def gate(values: Mapping[str, float], thresholds: Mapping[str, float | None]) ->
     return misses
 
 
-def margins(values: Mapping[str, float], thresholds: Mapping[str, float | None]) -> dict[str, float]:
+def margins(values: Mapping[str, float], thresholds: Mapping[str, float | None], gates: GateTable) -> dict[str, float]:
     """Per gated metric, how far the value is on the right side of its threshold (negative: a miss)."""
     out = {}
-    for metric, (op, field) in GATES.items():
+    for field, g in gates.items():
+        metric, op = g.metric, g.op
         limit = thresholds.get(field)
         if limit is None or metric not in values:
             continue

@@ -142,6 +142,7 @@ def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str
     """Why a variant's parity record does not validate reduced decoding at `reduce_to` (empty: it
     does). The record must hold the reduced path measured at that size, within `DECODE_GATE`
     against the exact decode and within the variant's own top-1/top-5 gate end to end."""
+    from serving.contracts.image_classification import CONTRACT
     from serving.gates import gate
 
     measured = values.get("decode.reduced.min_side")
@@ -152,10 +153,10 @@ def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str
     decode = {m: values[f"decode.reduced.{m}"] for m in ("top1_agreement", "top5_agreement", "max_abs_diff")}
     # bundles built before the decisive metric existed: their strict top-1 agreement stands in
     decode["decisive_top1_agreement"] = values.get("decode.reduced.decisive_top1_agreement", decode["top1_agreement"])
-    misses = [f"against the exact decode: {m}" for m in gate(decode, DECODE_GATE)]
+    misses = [f"against the exact decode: {m}" for m in gate(decode, DECODE_GATE, CONTRACT.gates)]
     served = {m: values[f"served.reduced.{m}"] for m in ("top1_agreement", "top5_agreement")}
     own = {k: v for k, v in thresholds.items() if k in ("min_top1_agreement", "min_top5_agreement")}
-    misses += [f"end to end: {m}" for m in gate(served, own)]
+    misses += [f"end to end: {m}" for m in gate(served, own, CONTRACT.gates)]
     return misses
 
 

@@ -3,10 +3,11 @@ they double the exposition and no dashboard reads them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from serving.batcher import BatchStats
-from serving.gates import GATES
 from serving.probe import ProbeResult
 
 _LATENCY = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5, 10)
@@ -47,23 +48,27 @@ class Metrics:
         self.tokens = Counter("ortpack_tokens_total", "real tokens of the texts run by the model", registry=r)
         self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
         self.in_flight = Gauge("ortpack_requests_in_flight", "requests accepted and not yet answered", registry=r)
-        # The node check: each gated number of the probe set, per variant tried on this node
-        self.parity = {
-            metric: Gauge(
-                f"ortpack_parity_{metric}",
-                f"probe check on this node: {metric} against PyTorch",
-                ["variant"],
-                registry=r,
-            )
-            for metric in GATES
-            if metric != "max_pixel_diff"  # needs the build's preprocessing graph: not re-checked
-        }
+        # The node check: each gated number of the probe set, per variant tried on this node (the
+        # task's gates: `gated_metrics`)
+        self.parity: dict[str, Gauge] = {}
         self.probe_passed = Gauge(
             "ortpack_parity_passed",
             "1 when the variant passed its gate on this node's probe check",
             ["variant"],
             registry=r,
         )
+
+    def gated_metrics(self, metrics: Iterable[str]) -> None:
+        """One gauge per number the served task's probe check can gate (its contract's table; the
+        preprocessing pixel check needs the build's graphs and is not repeated on the node)."""
+        for metric in metrics:
+            if metric not in self.parity and metric != "max_pixel_diff":
+                self.parity[metric] = Gauge(
+                    f"ortpack_parity_{metric}",
+                    f"probe check on this node: {metric} against PyTorch",
+                    ["variant"],
+                    registry=self.registry,
+                )
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.size)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.gates import gate
+from serving.gates import GateTable, gate
 
 PROBE_FILE = "probe/probe.npz"
 
@@ -119,13 +119,14 @@ def check_probe(
     thresholds: Mapping[str, float | None],
     metrics: Callable[[np.ndarray, np.ndarray, Sequence[Any]], dict[str, float]],
     *,
+    gates: GateTable,
     variant_id: str,
     provider: str,
     hardware: dict[str, Any] | None = None,
 ) -> ProbeResult:
     """Run the probe and gate its numbers (`metrics`: the task's comparison of reference and
-    candidate rows) with the variant's thresholds, those it can measure: the preprocessing pixel
-    check needs the build's graphs and is not repeated here."""
+    candidate rows) with the variant's thresholds (`gates`: its task's table), those it can
+    measure: the preprocessing pixel check needs the build's graphs and is not repeated here."""
     started = time.perf_counter()
     try:
         outputs = run_probe(probe, prepare, run)
@@ -145,7 +146,7 @@ def check_probe(
         misses.append(f"{nonfinite} outputs contain NaN or inf")
         outputs = np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)
     values = metrics(probe.outputs, outputs, probe.inputs)
-    misses += gate(values, thresholds)
+    misses += gate(values, thresholds, gates)
     return ProbeResult(
         variant_id=variant_id,
         values=values,

@@ -31,6 +31,7 @@ from serving.bundle import (
     verify_bundle,
 )
 from serving.config import ServeConfig
+from serving.contracts import get_contract
 from serving.errors import NotReadyError
 from serving.hardware import HardwareInfo, this_machine
 from serving.metrics import Metrics
@@ -229,11 +230,12 @@ def load_service(
     if signed is not None and MANIFEST_NAME not in signed:
         raise BundleError(f"the signature does not cover {MANIFEST_NAME}")
     manifest = read_manifest(bundle_dir, signed[MANIFEST_NAME] if signed is not None else None)
+    metrics.gated_metrics(g.metric for g in get_contract(manifest.task).gates.values())
     hardware = this_machine()
     candidates = candidate_variants(manifest, config.variant, ort.get_available_providers(), hardware)
     excluded = _apply_policy(manifest, candidates, config)
     candidates = [v for v in candidates if v.id not in excluded]
-    shared = [manifest.tokenizer.file] if manifest.tokenizer else []
+    shared = manifest.task_settings.shared_files()
     if manifest.probe is not None:
         shared.append(manifest.probe.file)
     first = [candidates[0].file, *shared]
@@ -321,6 +323,7 @@ def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> 
         service.backend.run,
         service.variant.parity.thresholds,
         get_task(service.manifest.task).probe_metrics,
+        gates=get_contract(service.manifest.task).gates,
         variant_id=service.variant.id,
         provider=service.backend.session.get_providers()[0],
         hardware=hardware.as_dict(),

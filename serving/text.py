@@ -249,7 +249,7 @@ def probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Any:
     """Probe inputs (texts, or (query, document) pairs) to token payloads with the bundle's
     tokenizer at the bundle's own max length, whatever --max-tokens the server uses: the probe
     checks the variant, not the server's limits. `fields` are the manifest's fields as a dict."""
-    tokenizer = fields["tokenizer"]
+    tokenizer = fields["task_settings"]["tokenizer"]
     length = int(tokenizer["max_length"])
     encoder = TextEncoder(files[tokenizer["file"]].decode(), max_tokens=length, truncate=True, buckets=(length,))
 

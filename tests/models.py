@@ -115,12 +115,14 @@ def minimal_manifest() -> dict[str, Any]:
     return {
         "name": "demo",
         "version": "3",
-        "task": "text-embedding",
         "source": {"kind": "huggingface", "id": "demo"},
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
         "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
-        "tokenizer": {"max_length": 8, "pad_token_id": 0, "model_input_names": ["input_ids"]},
-        "pooling": {"mode": "mean", "normalize": True},
+        "task_settings": {
+            "task": "text-embedding",
+            "tokenizer": {"max_length": 8, "pad_token_id": 0, "model_input_names": ["input_ids"]},
+            "pooling": {"mode": "mean", "normalize": True},
+        },
         "variants": [
             {
                 "id": "cpu-fp32",

@@ -2,7 +2,8 @@
 `python -m tests.openapi_golden` rewrites them; tests/test_routes.py checks them.
 
 Each document comes from the task's real runtime (its routes and schemas) opened on a synthetic
-manifest with a tiny tokenizer and no model session: routes and schemas do not depend on weights.
+manifest (tests/golden/openapi-<case>.manifest.json) with a tiny tokenizer and no model session:
+routes and schemas do not depend on weights.
 """
 
 from __future__ import annotations
@@ -27,40 +28,19 @@ _VARIANT = {
     "optimize": {"nodes_before": 1, "nodes_after": 1, "mb": 0.0, "seconds": 0.0},
     "parity": {"passed": True, "validated_on": "CPUExecutionProvider", "samples": 1, "thresholds": {}, "values": {}},
 }
-_TEXT_INPUTS = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}]
-_TOKENIZER = {"file": "tokenizer.json", "max_length": 16, "pad_token_id": 0, "model_input_names": ["input_ids"]}
+
+
+def _cases() -> list[str]:
+    """Every case with its manifest fields in tests/golden/openapi-<case>.manifest.json (the
+    task's section, inputs and outputs): a task adds its own files, no list to edit."""
+    return sorted(
+        p.name.removeprefix("openapi-").removesuffix(".manifest.json") for p in GOLDEN.glob("*.manifest.json")
+    )
+
 
 # document name -> manifest fields (beyond the common ones)
 CASES: dict[str, dict[str, Any]] = {
-    "text-embedding": {
-        "task": "text-embedding",
-        "inputs": _TEXT_INPUTS,
-        "outputs": [{"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 4]}],
-        "tokenizer": _TOKENIZER,
-        "pooling": {"mode": "mean", "normalize": True},
-    },
-    "image-classification": {
-        "task": "image-classification",
-        "inputs": [{"name": "images", "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
-        "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", 3]}],
-        "preprocessing": {"resize_size": 32, "crop_size": 24, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
-        "labels": ["a", "b", "c"],
-    },
-    "text-classification": {
-        "task": "text-classification",
-        "inputs": _TEXT_INPUTS,
-        "outputs": [{"name": "probabilities", "dtype": "float32", "shape": ["batch", 3]}],
-        "tokenizer": _TOKENIZER,
-        "classification": {"activation": "softmax", "pairs": False},
-        "labels": ["a", "b", "c"],
-    },
-    "text-classification-rerank": {
-        "task": "text-classification",
-        "inputs": _TEXT_INPUTS,
-        "outputs": [{"name": "scores", "dtype": "float32", "shape": ["batch", 1]}],
-        "tokenizer": _TOKENIZER,
-        "classification": {"activation": "none", "pairs": True},
-    },
+    case: json.loads((GOLDEN / f"openapi-{case}.manifest.json").read_text()) for case in _cases()
 }
 
 
@@ -79,7 +59,7 @@ def document(case: str) -> dict[str, Any]:
     from serving.tasks import LoadContext, get_task
 
     fields = {
-        "schema_version": 2,
+        "schema_version": 3,
         "name": "model",
         "version": "1",
         "source": {"kind": "huggingface", "id": "model"},

@@ -27,7 +27,7 @@ def test_contract_components_write_serving_reads(tiny_bundle: Path, tiny_export:
         "variants/cpu-fp32/model.onnx",
         "variants/cpu-int8/model.onnx",
     }
-    assert manifest.tokenizer is not None and manifest.tokenizer.max_length == 128
+    assert manifest.task_settings.tokenizer is not None and manifest.task_settings.tokenizer.max_length == 128
     assert [t.name for t in manifest.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
     assert manifest.outputs[0].shape == ["batch", 64]
     assert {"torch", "transformers", "onnx", "onnxruntime", "ortpack"} <= set(manifest.versions)
@@ -40,8 +40,8 @@ def test_contract_components_write_serving_reads(tiny_bundle: Path, tiny_export:
     # serving-side tokenization with the shipped tokenizer reproduces the PyTorch reference
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tiny_bundle / manifest.tokenizer.file))
-    tok.enable_truncation(manifest.tokenizer.max_length)
+    tok = Tokenizer.from_file(str(tiny_bundle / manifest.task_settings.tokenizer.file))
+    tok.enable_truncation(manifest.task_settings.tokenizer.max_length)
     ref = np.load(tiny_export / "reference.npz")
     enc = tok.encode("The quick brown fox jumps over the lazy dog.")
     session = ort.InferenceSession(str(tiny_bundle / manifest.variants[0].file), providers=["CPUExecutionProvider"])

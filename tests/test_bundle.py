@@ -106,6 +106,38 @@ def test_rejects_unknown_schema_version(bundle: Path) -> None:
         verify_bundle(bundle)
 
 
+def test_reads_a_version_2_manifest(bundle: Path) -> None:
+    """Version 2 kept every task's sections at the top level: read as version 3, files untouched."""
+    raw = json.loads((bundle / "manifest.json").read_text())
+    settings = raw.pop("task_settings")
+    v2 = {**raw, "schema_version": 2, **settings, "preprocessing": None, "classification": None, "labels": None}
+    (bundle / "manifest.json").write_text(json.dumps(v2))
+    manifest = verify_bundle(bundle)
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.task == settings["task"]
+    assert manifest.task_settings.model_dump() == settings
+    v2["preprocessing"] = {"resize_size": 8, "crop_size": 8, "mean": [0, 0, 0], "std": [1, 1, 1]}
+    (bundle / "manifest.json").write_text(json.dumps(v2))
+    with pytest.raises(BundleError, match="a text-embedding manifest cannot have preprocessing settings"):
+        verify_bundle(bundle)
+
+
+def test_task_settings_are_the_tasks_own(bundle: Path) -> None:
+    """The section is chosen by its task: another task's field, or a missing one, is refused by name."""
+    raw = json.loads((bundle / "manifest.json").read_text())
+    raw["task_settings"]["labels"] = ["a", "b"]  # text-classification's, not text-embedding's
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match=r"task_settings\.text-embedding\.labels"):
+        verify_bundle(bundle)
+    del raw["task_settings"]["labels"], raw["task_settings"]["pooling"]
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match=r"task_settings\.text-embedding\.pooling: Field required"):
+        verify_bundle(bundle)
+    raw["task_settings"]["task"] = "speech-recognition"
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="task_settings"):
+        verify_bundle(bundle)
+
+
 def test_rejects_unknown_fields_and_garbage(bundle: Path) -> None:
     raw = json.loads((bundle / "manifest.json").read_text())
     raw["surprise"] = 1

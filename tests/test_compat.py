@@ -114,7 +114,7 @@ def test_each_variant_records_its_space(tiny_bundle: Path) -> None:
         assert space["tokenizer_sha256"] == manifest.files["tokenizer.json"].sha256
         assert space["weights_sha256"] == manifest.source.weights_sha256 is not None
         assert (space["precision"], space["pooling"], space["normalize"]) == (variant.precision, "mean", True)
-        assert (space["dimensions"], space["max_length"]) == (64, manifest.tokenizer.max_length)  # type: ignore[union-attr]
+        assert (space["dimensions"], space["max_length"]) == (64, manifest.task_settings.tokenizer.max_length)  # type: ignore[union-attr]
         # the id is the short sha256 of the other fields as canonical JSON: anyone can recompute it
         assert space["id"] == space_id({k: v for k, v in space.items() if k != "id"})
         assert embedding_space(manifest, variant) == variant.space

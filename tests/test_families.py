@@ -70,23 +70,23 @@ def test_export_follows_the_family_config(built: Built) -> None:
     family = FAMILIES[built.model_type]
     config = AutoConfig.from_pretrained(built.checkpoint, trust_remote_code=False)
     export = ExportResult.load(built.export)
-    assert export.tokenizer is not None
+    assert export.task_settings["tokenizer"] is not None
     # the length the family's positions allow: RoBERTa-style ids start at pad_token_id + 1
     offset = int(config.pad_token_id) + 1 if family.positions == "padding-offset" else 0
-    assert export.tokenizer["max_length"] == MAX_POSITION - offset
+    assert export.task_settings["tokenizer"]["max_length"] == MAX_POSITION - offset
     # inputs: exactly what the graph takes, token types only where the model reads them
     graph = onnx.load(str(built.export / "model.onnx"), load_external_data=False)
     graph_inputs = [i.name for i in graph.graph.input]
     expected = ["input_ids", "attention_mask"] + (["token_type_ids"] if family.takes_token_type_ids(config) else [])
     assert graph_inputs == expected
-    assert export.tokenizer["model_input_names"] == expected
+    assert export.task_settings["tokenizer"]["model_input_names"] == expected
     assert export.model_info["exporter"] == family.exporter
     # the pooling block is named as fp16 conversion expects, whichever exporter wrote it
     assert any(node.name.startswith("/pooling/") for node in graph.graph.node)
     assert export.opset == (17 if family.exporter == "torchscript" else 18)
     ref = np.load(built.export / "reference.npz")
     # the validation set's long paragraphs are truncated at exactly the family's limit
-    assert int(ref["lengths"].max()) == export.tokenizer["max_length"]
+    assert int(ref["lengths"].max()) == export.task_settings["tokenizer"]["max_length"]
     out = ref["outputs"]
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
     sims = out @ out.T

@@ -76,7 +76,7 @@ def image_bundle(image_export: Path, image_variants: dict[str, Path], tmp_path_f
 def reduced_evidence(manifest: Manifest, variant_id: str, side: int) -> Manifest:
     """The manifest as if the parity gate had validated reduced decoding at `side` for the
     variant (numbers within the decode gate): what a bundle of a model whose gate passed says."""
-    assert manifest.preprocessing is not None
+    assert manifest.task_settings.preprocessing is not None
     variant = manifest.variant(variant_id)
     values = {
         **variant.parity.values,
@@ -91,8 +91,10 @@ def reduced_evidence(manifest: Manifest, variant_id: str, side: int) -> Manifest
     }
     parity = variant.parity.model_copy(update={"values": values})
     variants = [v.model_copy(update={"parity": parity}) if v.id == variant_id else v for v in manifest.variants]
-    preprocessing = manifest.preprocessing.model_copy(update={"decode": "reduced", "decode_min_side": side})
-    return manifest.model_copy(update={"variants": variants, "preprocessing": preprocessing})
+    settings = manifest.task_settings
+    preprocessing = settings.preprocessing.model_copy(update={"decode": "reduced", "decode_min_side": side})
+    settings = settings.model_copy(update={"preprocessing": preprocessing})
+    return manifest.model_copy(update={"variants": variants, "task_settings": settings})
 
 
 SIZES = [(480, 640), (640, 480), (17, 23), (257, 300), (224, 225), (1080, 1920), (2, 2), (1, 5)]
@@ -190,8 +192,15 @@ def test_export_signature_and_non_degenerate_reference(image_export: Path) -> No
     assert {i.domain: i.version for i in onnx.load(str(image_export / "model.onnx")).opset_import}[""] == 17
     assert export.inputs == [{"name": "images", "dtype": "uint8", "shape": ["batch", "height", "width", 3]}]
     assert export.outputs == [{"name": "probabilities", "dtype": "float32", "shape": ["batch", 1000]}]
-    assert export.labels is not None and len(export.labels) == 1000 and export.labels[0] == "tench"
-    assert export.preprocessing is not None and export.preprocessing["resize_size"] == 256
+    assert (
+        export.task_settings["labels"] is not None
+        and len(export.task_settings["labels"]) == 1000
+        and export.task_settings["labels"][0] == "tench"
+    )
+    assert (
+        export.task_settings["preprocessing"] is not None
+        and export.task_settings["preprocessing"]["resize_size"] == 256
+    )
     ref = np.load(image_export / "reference.npz")
     probs = ref["outputs"]
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
@@ -226,11 +235,12 @@ def test_gate_covers_the_served_path(image_bundle: Path, image_export: Path, tmp
 
     from components.core.parity import check_parity
     from components.core.tasks import thresholds_for
+    from serving.contracts.image_classification import CONTRACT as IMAGE
     from serving.gates import gate
     from serving.images import DECODE_GATE
 
     manifest = verify_bundle(image_bundle)
-    assert manifest.preprocessing is not None
+    assert manifest.task_settings.preprocessing is not None
     export = ExportResult.load(image_export)
     assert export.metrics["validation_files"] >= 50
     assert {"decode.x2.top1_agreement", "decode.x2.images"} <= set(export.metrics)
@@ -238,15 +248,15 @@ def test_gate_covers_the_served_path(image_bundle: Path, image_export: Path, tmp
     assert fp32["served.images"] == export.metrics["validation_files"]
     assert fp32["top1_agreement"] <= fp32["served.exact.top1_agreement"]  # gated: the worst scope
     assert fp32["max_abs_diff"] >= fp32["served.exact.max_abs_diff"]
-    assert ("decode.reduced.min_side" in fp32) == (manifest.preprocessing.decode == "reduced")
+    assert ("decode.reduced.min_side" in fp32) == (manifest.task_settings.preprocessing.decode == "reduced")
     # this random-weight model is sensitive to the decode: reduced decoding misses its decode gate
     x2 = {k.removeprefix("decode.x2."): v for k, v in export.metrics.items() if k.startswith("decode.x2.")}
-    assert manifest.preprocessing.decode == "exact" and gate(x2, DECODE_GATE)
+    assert manifest.task_settings.preprocessing.decode == "exact" and gate(x2, DECODE_GATE, IMAGE.gates)
 
     reduced = tmp_path / "export"  # the same export, had its reduced decoding at 2x passed
     shutil.copytree(image_export, reduced)
     record = json.loads((reduced / "export.json").read_text())
-    record["preprocessing"].update(decode="reduced", decode_min_side=512)
+    record["task_settings"]["preprocessing"].update(decode="reduced", decode_min_side=512)
     (reduced / "export.json").write_text(json.dumps(record))
     model = image_bundle / manifest.variant("cpu-fp32").file
     report = check_parity(

@@ -24,8 +24,12 @@ def test_minilm_build_matches_sentence_transformers(tmp_path: Path) -> None:
     result = build_bundle(spec, tmp_path / "dist" / name, work_dir=tmp_path / "work")
     manifest = verify_bundle(tmp_path / "dist" / name)
     assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]
-    assert manifest.tokenizer is not None and manifest.tokenizer.max_length == 256
-    assert manifest.pooling is not None and manifest.pooling.mode == "mean" and manifest.pooling.normalize
+    assert manifest.task_settings.tokenizer is not None and manifest.task_settings.tokenizer.max_length == 256
+    assert (
+        manifest.task_settings.pooling is not None
+        and manifest.task_settings.pooling.mode == "mean"
+        and manifest.task_settings.pooling.normalize
+    )
     assert result.export.model_info["num_heads"] == 12 and result.export.model_info["hidden_size"] == 384
     fused = manifest.variant("cpu-fp32").optimize.fusions
     assert fused == {"Attention": 6, "BiasGelu": 6, "EmbedLayerNormalization": 1, "SkipLayerNormalization": 12}

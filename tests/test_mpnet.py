@@ -70,8 +70,8 @@ def test_mpnet_fp32_and_int8_pass_on_real_weights(tmp_path: Path) -> None:
     result = build_bundle(spec, bundle, work_dir=tmp_path / "work")
     manifest = verify_bundle(bundle)
     assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]
-    assert result.export.model_info["hidden_size"] == 768 and manifest.tokenizer is not None
-    assert manifest.tokenizer.max_length == MAX_LENGTH
+    assert result.export.model_info["hidden_size"] == 768 and manifest.task_settings.tokenizer is not None
+    assert manifest.task_settings.tokenizer.max_length == MAX_LENGTH
     fp32, int8 = (manifest.variant(v).parity for v in ("cpu-fp32", "cpu-int8"))
     assert fp32.passed and fp32.values["max_abs_diff"] < 1e-4
     assert int8.passed and int8.probe is not None and int8.probe.passed

@@ -41,8 +41,10 @@ def test_a_factory_with_a_state_dict_builds(tmp_path: Path) -> None:
     export = _export(FACTORY, tmp_path, weights=str(weights))
     assert export.source["kind"] == "factory" and export.source["id"] == FACTORY
     assert export.source["weights_sha256"] is not None
-    assert export.labels == [f"class_{i}" for i in range(10)]
-    assert export.preprocessing["crop_size"] == 64 and export.preprocessing["mean"] == [0.485, 0.456, 0.406]
+    assert export.task_settings["labels"] == [f"class_{i}" for i in range(10)]
+    assert export.task_settings["preprocessing"]["crop_size"] == 64 and export.task_settings["preprocessing"][
+        "mean"
+    ] == [0.485, 0.456, 0.406]
 
 
 def test_an_exported_program_builds_and_serves(tmp_path: Path) -> None:

@@ -10,11 +10,14 @@ import pytest
 from onnx import numpy_helper
 
 from components.core.artifacts import ExportResult, OptimizeResult, ParityReport
-from components.core.errors import ParityError
+from components.core.errors import InvalidSpecError, ParityError
 from components.core.parity import check_parity
 from components.core.specs import ParityThresholds
 from components.core.tasks import thresholds_for
+from serving.contracts.text_embedding import CONTRACT
 from serving.gates import gate, neighbour_overlap
+
+EMBEDDING = CONTRACT.gates  # text-embedding's gate table
 
 
 def test_fp32_and_int8_pass_their_default_gates(tiny_variants: dict[str, Path]) -> None:
@@ -78,7 +81,10 @@ def test_gate_rejects_wrong_signature(tiny_export: Path, tmp_path: Path) -> None
         node.output[:] = ["embeddings" if o == "sentence_embedding" else o for o in node.output]
     onnx.save(model, str(tmp_path / "renamed.onnx"))
     report = check_parity(
-        tmp_path / "renamed.onnx", tiny_export / "reference.npz", ParityThresholds(), variant_id="renamed"
+        tmp_path / "renamed.onnx",
+        tiny_export / "reference.npz",
+        ParityThresholds(EMBEDDING),
+        variant_id="renamed",
     )
     assert report.misses == ["outputs are ['embeddings'], expected ['sentence_embedding']"]
 
@@ -86,7 +92,10 @@ def test_gate_rejects_wrong_signature(tiny_export: Path, tmp_path: Path) -> None
 def test_unloadable_graph_is_a_miss_not_a_crash(tiny_export: Path, tmp_path: Path) -> None:
     (tmp_path / "garbage.onnx").write_bytes(b"\x00garbage")
     report = check_parity(
-        tmp_path / "garbage.onnx", tiny_export / "reference.npz", ParityThresholds(), variant_id="garbage"
+        tmp_path / "garbage.onnx",
+        tiny_export / "reference.npz",
+        ParityThresholds(EMBEDDING),
+        variant_id="garbage",
     )
     assert not report.passed and "cannot load" in report.misses[0]
 
@@ -118,10 +127,21 @@ def test_neighbour_overlap() -> None:
 
 
 def test_gate_names_each_miss() -> None:
-    thresholds = ParityThresholds(max_abs_diff=1e-5, min_cosine=0.99, min_neighbour_agreement=0.9).as_dict()
-    misses = gate({"max_abs_diff": 1e-3, "min_cosine": 0.999, "neighbour_agreement": 0.5}, thresholds)
+    limits = ParityThresholds.of(EMBEDDING, max_abs_diff=1e-5, min_cosine=0.99, min_neighbour_agreement=0.9)
+    misses = limits.misses({"max_abs_diff": 1e-3, "min_cosine": 0.999, "neighbour_agreement": 0.5})
     assert misses == ["max_abs_diff 0.001 (needs <= 1e-05)", "neighbour_agreement 0.5 (needs >= 0.9)"]
-    assert gate({"max_abs_diff": float("nan")}, thresholds) == ["max_abs_diff nan (needs <= 1e-05)"]
+    assert gate({"max_abs_diff": float("nan")}, limits.as_dict(), EMBEDDING) == ["max_abs_diff nan (needs <= 1e-05)"]
+
+
+def test_each_task_gates_only_its_own_thresholds() -> None:
+    """A threshold another task gates is refused by name, listing this task's own."""
+    from serving.contracts.image_classification import CONTRACT as IMAGE
+
+    with pytest.raises(InvalidSpecError, match=r"unknown threshold 'min_cosine' \(known: .*min_top1_agreement"):
+        ParityThresholds.of(IMAGE.gates, min_cosine=0.9)
+    with pytest.raises(InvalidSpecError, match="unknown threshold 'min_top5_agreement'"):
+        ParityThresholds.of(EMBEDDING).updated(min_top5_agreement=0.9)
+    assert ParityThresholds.of(IMAGE.gates, max_pixel_diff=2.0).updated(max_pixel_diff=None).as_dict() == {}
 
 
 def test_torch_reference_was_measured(tiny_export: Path) -> None:

@@ -141,7 +141,11 @@ def test_image_pipeline_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = verify_bundle(tmp_path / "dist" / "mobilenet_v3_small")
     assert manifest.task == "image-classification" and [v.id for v in manifest.variants] == ["cpu-fp32"]
-    assert manifest.preprocessing is not None and manifest.labels is not None and len(manifest.labels) == 1000
+    assert (
+        manifest.task_settings.preprocessing is not None
+        and manifest.task_settings.labels is not None
+        and len(manifest.task_settings.labels) == 1000
+    )
     assert "top-1" in result.stdout and "cpu-fp32  pass" in result.stdout
 
 

@@ -141,7 +141,7 @@ def test_export_and_server_stay_inside_the_table(model_type: str, pad_token_id: 
     export = export_model(ExportSpec(source=str(checkpoint), task="text-embedding", name="tiny"), tmp_path / "export")
     padding_idx = 1 if model_type == "mpnet" else pad_token_id
     limit = TABLE - padding_idx - 1
-    assert export.tokenizer is not None and export.tokenizer["max_length"] == limit
+    assert export.task_settings["tokenizer"] is not None and export.task_settings["tokenizer"]["max_length"] == limit
     ref = np.load(tmp_path / "export" / "reference.npz")
     longest = int(np.argmax(ref["lengths"]))
     assert int(ref["lengths"][longest]) == limit  # the long validation paragraphs are cut at the limit

@@ -40,9 +40,9 @@ def reference_rows(bundle: Path, texts: list[str], variant: str = "cpu-fp32") ->
     from tokenizers import Tokenizer
 
     manifest = read_manifest(bundle)
-    assert manifest.tokenizer is not None
-    tok = Tokenizer.from_file(str(bundle / manifest.tokenizer.file))
-    tok.enable_truncation(manifest.tokenizer.max_length)
+    assert manifest.task_settings.tokenizer is not None
+    tok = Tokenizer.from_file(str(bundle / manifest.task_settings.tokenizer.file))
+    tok.enable_truncation(manifest.task_settings.tokenizer.max_length)
     session = ort.InferenceSession(str(bundle / manifest.variant(variant).file), providers=["CPUExecutionProvider"])
     rows = []
     for text in texts:

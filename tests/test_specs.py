@@ -14,6 +14,7 @@ from components.core.specs import (
     variant_grid,
 )
 from components.core.tasks import check_build_spec, check_export_spec, thresholds_for
+from serving.contracts.text_embedding import CONTRACT
 
 
 def test_variant_grid_keeps_only_supported_pairs() -> None:
@@ -60,11 +61,11 @@ def test_export_spec_rejects(kwargs: dict[str, object], message: str) -> None:
 
 def test_thresholds_overrides_apply_per_precision_and_globally() -> None:
     overrides = parse_threshold_overrides(["int8.min_cosine=0.5", "max_abs_diff=0.25"])
-    int8 = thresholds_for("text-embedding", "int8", overrides)
-    fp32 = thresholds_for("text-embedding", "fp32", overrides)
-    assert int8.min_cosine == 0.5 and int8.max_abs_diff == 0.25
-    assert fp32.max_abs_diff == 0.25
-    assert fp32.min_cosine == thresholds_for("text-embedding", "fp32").min_cosine
+    int8 = thresholds_for("text-embedding", "int8", overrides).as_dict()
+    fp32 = thresholds_for("text-embedding", "fp32", overrides).as_dict()
+    assert int8["min_cosine"] == 0.5 and int8["max_abs_diff"] == 0.25
+    assert fp32["max_abs_diff"] == 0.25
+    assert fp32["min_cosine"] == thresholds_for("text-embedding", "fp32").as_dict()["min_cosine"]
 
 
 @pytest.mark.parametrize(
@@ -101,4 +102,4 @@ def test_build_spec_checks_overrides_before_any_work(overrides: dict[str, dict[s
 
 def test_threshold_rejects_nan() -> None:
     with pytest.raises(InvalidSpecError, match="must be a number"):
-        ParityThresholds(max_abs_diff=float("nan"))
+        ParityThresholds.of(CONTRACT.gates, max_abs_diff=float("nan"))

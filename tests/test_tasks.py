@@ -1,44 +1,67 @@
-"""The task seam: one registered family per task on each side, each tested end to end, and no
-task-name comparison anywhere else."""
+"""The task seam: one registered contract, family and serving plugin per task, each tested end to
+end, and no task named anywhere but in its own modules."""
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 from components.core.tasks import get_family, task_names
-from serving.bundle import TASK_SECTIONS
+from serving.contracts import contract_names, get_contract
 from serving.tasks import get_task
 from serving.tasks import task_names as serving_task_names
 
 ROOT = Path(__file__).resolve().parent.parent
-# A comparison with a task name: `== "text-embedding"`, `!= "image-classification"`, `in ("...")`.
-_NAMES = "|".join(map(re.escape, TASK_SECTIONS))
-_COMPARISON = re.compile(r"""(==|!=|\bin\b)\s*[(\[{]?\s*["'](""" + _NAMES + r""")["']""")
+# Where a task's own modules live: each holds <task>.py (`text-embedding` -> text_embedding.py)
+TASK_DIRS = ("serving/contracts", "serving/tasks", "components/core/tasks", "components/core/exporters")
+# The registries may name the default task
+REGISTRIES = ("serving/contracts/__init__.py",)
 
 
-def test_every_task_has_a_module_on_each_side() -> None:
-    assert set(task_names()) == set(serving_task_names()) == set(TASK_SECTIONS)
-    for name in task_names():
-        assert get_family(name).name == name and get_task(name).name == name
+def test_every_task_has_a_contract_a_family_and_a_plugin() -> None:
+    assert set(task_names()) == set(serving_task_names()) == set(contract_names())
+    for name in contract_names():
+        assert get_contract(name).name == get_family(name).name == get_task(name).name == name
 
 
 def test_every_task_is_built_and_served_by_a_test() -> None:
     """A registered task that no test builds and serves would ship untested."""
-    tests = {p: p.read_text() for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_tasks.py"}
+    tests = {p: p.read_text() for p in (ROOT / "tests").rglob("test_*.py") if p.name != "test_tasks.py"}
     for name in task_names():
         covering = [p.name for p, text in tests.items() if f'"{name}"' in text and "running_server(" in text]
         assert covering, f"no test builds and serves a {name} bundle"
 
 
-def test_no_task_name_comparison_outside_the_registries() -> None:
-    allowed = {ROOT / "components/core/tasks", ROOT / "serving/tasks"}
+def _own_module(path: Path, task: str) -> bool:
+    rel = path.relative_to(ROOT)
+    return str(rel.parent) in TASK_DIRS and rel.stem == task.replace("-", "_")
+
+
+def test_tasks_are_named_only_in_their_own_modules() -> None:
+    """Any string that is exactly a task's name (a comparison, a dict key, a match case, a
+    default) outside that task's own modules fails: adding a task must not mean editing shared
+    code, and shared code must not branch on a task."""
+    names = set(contract_names())
     offenders = []
     for package in ("components", "serving", "pipelines"):
         for path in (ROOT / package).rglob("*.py"):
-            if any(path.is_relative_to(a) for a in allowed):
+            if str(path.relative_to(ROOT)) in REGISTRIES:
                 continue
-            for number, line in enumerate(path.read_text().splitlines(), start=1):
-                if _COMPARISON.search(line):
-                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    assert not offenders, "task names compared outside the registries:\n" + "\n".join(offenders)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in names and not _own_module(path, node.value):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not offenders, "task names outside their own modules:\n" + "\n".join(offenders)
+
+
+def test_the_seam_check_catches_each_form(tmp_path: Path) -> None:
+    """The check above sees a comparison, a dict key, a match case and a default."""
+    names = set(contract_names())
+    source = """
+if task == "text-embedding": pass
+x = {"image-classification": 1}
+match task:
+    case "text-classification": pass
+def f(task="text-embedding"): pass
+"""
+    found = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and n.value in names}
+    assert found == {"text-embedding", "image-classification", "text-classification"}

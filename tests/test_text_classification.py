@@ -58,8 +58,15 @@ def reranker_server(reranker_bundle: Path, tmp_path_factory: pytest.TempPathFact
 def test_classifier_bundle_passes_its_gates(classifier_bundle: Path) -> None:
     manifest = verify_bundle(classifier_bundle)
     assert manifest.task == "text-classification"
-    assert manifest.classification is not None and manifest.classification.activation == "softmax"
-    assert not manifest.classification.pairs and manifest.labels == ["negative", "neutral", "positive"]
+    assert (
+        manifest.task_settings.classification is not None
+        and manifest.task_settings.classification.activation == "softmax"
+    )
+    assert not manifest.task_settings.classification.pairs and manifest.task_settings.labels == [
+        "negative",
+        "neutral",
+        "positive",
+    ]
     assert [o.name for o in manifest.outputs] == ["probabilities"]
     fp32 = manifest.variant("cpu-fp32").parity
     assert fp32.values["max_abs_diff"] < 1e-5 and fp32.values["top1_agreement"] == 1.0
@@ -69,8 +76,8 @@ def test_classifier_bundle_passes_its_gates(classifier_bundle: Path) -> None:
 
 def test_reranker_bundle_is_gated_on_rank_agreement(reranker_bundle: Path) -> None:
     manifest = read_manifest(reranker_bundle)
-    assert manifest.classification is not None and manifest.classification.pairs
-    assert manifest.classification.activation == "sigmoid"
+    assert manifest.task_settings.classification is not None and manifest.task_settings.classification.pairs
+    assert manifest.task_settings.classification.activation == "sigmoid"
     assert [o.name for o in manifest.outputs] == ["scores"]
     for variant in manifest.variants:
         assert variant.parity.values["rank_agreement"] >= variant.parity.thresholds["min_rank_agreement"]

@@ -42,8 +42,10 @@ def test_graph_signature(tiny_export: Path) -> None:
 
 def test_export_record(tiny_export: Path) -> None:
     export = ExportResult.load(tiny_export)
-    assert export.tokenizer is not None and export.tokenizer["max_length"] == 128  # capped by positions
-    assert export.pooling == {"mode": "mean", "normalize": True}
+    assert (
+        export.task_settings["tokenizer"] is not None and export.task_settings["tokenizer"]["max_length"] == 128
+    )  # capped by positions
+    assert export.task_settings["pooling"] == {"mode": "mean", "normalize": True}
     assert export.model_info["num_heads"] == 4 and export.model_info["hidden_size"] == 64
     assert len(export.source["weights_sha256"]) == 64
     assert set(export.torch_latency) == {"b1_s16", "b16_s128"}
@@ -110,7 +112,7 @@ def test_cls_pooling_without_normalisation_is_exported(tmp_path: Path) -> None:
     result = export_model(
         ExportSpec(source=str(src), task="text-embedding", name="cls", max_length=32), tmp_path / "out"
     )
-    assert result.pooling == {"mode": "cls", "normalize": False}
+    assert result.task_settings["pooling"] == {"mode": "cls", "normalize": False}
     ref = np.load(tmp_path / "out" / "reference.npz")
     norms = np.linalg.norm(ref["outputs"], axis=1)
     # Normalisation is off: the CLS vector keeps the final LayerNorm's scale (sqrt(64) = 8), not 1.

@@ -58,7 +58,11 @@ def test_lite0_passes_its_gates_on_photos(lite0: tuple[Path, Path, object]) -> N
     manifest = verify_bundle(bundle)
     assert [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int8"]  # both passed, no degenerate flag
     assert not result.export.degenerate_reference  # type: ignore[attr-defined]
-    assert manifest.source.kind == "factory" and manifest.labels is not None and manifest.labels[281] == "tabby"
+    assert (
+        manifest.source.kind == "factory"
+        and manifest.task_settings.labels is not None
+        and manifest.task_settings.labels[281] == "tabby"
+    )
     fp32, int8 = (manifest.variant(v).parity.values for v in ("cpu-fp32", "cpu-int8"))
     assert fp32["served.images"] == 48 and fp32["top1_agreement"] == 1.0 and fp32["max_abs_diff"] < 0.02
     assert int8["top1_agreement"] >= 0.85 and int8["served.exact.decisive_top1_agreement"] >= 0.95
@@ -66,8 +70,11 @@ def test_lite0_passes_its_gates_on_photos(lite0: tuple[Path, Path, object]) -> N
     assert optimize is not None and optimize.int8 is not None
     assert optimize.int8.recipe in optimize.int8.candidates  # the recipe was chosen by measurement
     # the decode default is whatever the gate validated, and every variant says how it did there
-    assert manifest.preprocessing is not None and manifest.preprocessing.decode in ("exact", "reduced")
-    if manifest.preprocessing.decode == "reduced":
+    assert manifest.task_settings.preprocessing is not None and manifest.task_settings.preprocessing.decode in (
+        "exact",
+        "reduced",
+    )
+    if manifest.task_settings.preprocessing.decode == "reduced":
         assert all("decode.reduced.decisive_top1_agreement" in v.parity.values for v in manifest.variants)
 
 

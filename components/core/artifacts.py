@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from components.core.errors import ParityError
+
+if TYPE_CHECKING:
+    from serving.contracts import TaskSettings
 
 
 class _Record:
@@ -63,28 +66,27 @@ class ExportResult(_Record):
     versions: dict[str, str]
     model_file: str = "model.onnx"
     reference_file: str = "reference.npz"
-    tokenizer: dict[str, Any] | None = None
-    pooling: dict[str, Any] | None = None
-    preprocessing: dict[str, Any] | None = None
-    classification: dict[str, Any] | None = None
-    labels: list[str] | None = None
+    # the task's manifest section (serving/contracts/<task>.py), checked when the export is written
+    task_settings: dict[str, Any] = field(default_factory=dict)
     extra_files: list[str] = field(default_factory=list)
     # True when the reference was degenerate and the user allowed it (the report shows a banner)
     degenerate_reference: bool = False
+
+    @property
+    def settings(self) -> TaskSettings:
+        """The task section as its typed model (serving/contracts/<task>.py)."""
+        from serving.bundle import check_task_settings
+
+        return check_task_settings(self.task, self.task_settings)
 
     def manifest_fields(self) -> dict[str, Any]:
         """The manifest fields an export determines (everything but variants and files)."""
         return {
             "name": self.name,
-            "task": self.task,
             "source": self.source,
             "inputs": self.inputs,
             "outputs": self.outputs,
-            "tokenizer": self.tokenizer,
-            "pooling": self.pooling,
-            "preprocessing": self.preprocessing,
-            "classification": self.classification,
-            "labels": self.labels,
+            "task_settings": {**self.task_settings, "task": self.task},
         }
 
 

@@ -44,6 +44,7 @@ import numpy as np
 
 from components.core.errors import InvalidSpecError
 from serving.bundle import Manifest, Variant, embedding_space
+from serving.contracts.text_embedding import TextEmbeddingSettings
 
 log = logging.getLogger("ortpack.compat")
 
@@ -365,7 +366,7 @@ def _open(uri: str, cache: Path) -> _Side:
     cache.mkdir(parents=True, exist_ok=True)
     path = fetch_bundle(uri, cache)
     manifest = verify_bundle(path)
-    if manifest.pooling is None:  # only embedding bundles pool their tokens into one vector
+    if not isinstance(manifest.task_settings, TextEmbeddingSettings):
         raise InvalidSpecError(f"bundle diff compares text-embedding bundles; {uri} is a {manifest.task} bundle")
     return _Side(uri=uri, path=path, manifest=manifest)
 
@@ -400,7 +401,8 @@ def _width(manifest: Manifest) -> int:
 
 
 def _normalized(manifest: Manifest) -> bool:
-    return manifest.pooling is not None and manifest.pooling.normalize
+    settings = manifest.task_settings
+    return isinstance(settings, TextEmbeddingSettings) and settings.pooling.normalize
 
 
 def _pair(a: _Side, b: _Side, vo: Variant, vn: Variant, verdict: str, reason: str, **numbers: Any) -> PairDiff:
@@ -437,10 +439,8 @@ def _embed(
         return cache[key]
     started = time.perf_counter()
     manifest = side.manifest
-    if manifest.tokenizer is None:
-        raise InvalidSpecError(f"bundle {manifest.name} has no tokenizer settings")
     fields = manifest.model_dump()
-    files = {manifest.tokenizer.file: read_verified(side.path, manifest, manifest.tokenizer.file)}
+    files = {name: read_verified(side.path, manifest, name) for name in manifest.task_settings.shared_files()}
     model = read_verified(side.path, manifest, variant.file)
     session = create_session(model, plan_for(variant), intra_op_threads=threads)
     task = get_task(manifest.task)

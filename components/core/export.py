@@ -58,13 +58,13 @@ def export_model(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` for `spec.task` into `out_dir` (model.onnx, reference.npz, export.json,
     the probe set, and the tokenizer for text models)."""
     from components.core.tasks import check_export_spec, get_family
-    from serving.bundle import BundleError, check_sections
+    from serving.bundle import BundleError, check_task_settings
 
     check_export_spec(spec)  # the task and the options it reads, before any work
     out_dir = Path(out_dir)
     result = get_family(spec.task).export(spec, out_dir)
-    try:  # the manifest's task sections are checked where the facts are born, not at package time
-        check_sections(result.task, result.manifest_fields())
+    try:  # the manifest's task section is checked where the facts are born, not at package time
+        check_task_settings(result.task, result.task_settings)
     except BundleError as exc:
         raise ExportError(f"the {spec.task} exporter wrote an invalid manifest section: {exc}") from None
     with np.load(out_dir / result.reference_file, allow_pickle=False) as ref:

@@ -15,7 +15,6 @@ from typing import Any
 from components.core.artifacts import ParityReport, load_arrays
 from components.core.errors import one_line
 from components.core.specs import ParityThresholds
-from serving.gates import gate
 from serving.runtime import SessionPlan, create_session
 
 log = logging.getLogger("ortpack.validate")
@@ -69,7 +68,7 @@ def check_parity(
     compared = family.compare(session, ref, reference_path.parent)
     result = report(
         compared.values,
-        [*compared.misses, *gate(compared.values, thresholds.as_dict())] if compared.samples else compared.misses,
+        [*compared.misses, *thresholds.misses(compared.values)] if compared.samples else compared.misses,
         validated_on,
         compared.samples,
         per_item=compared.per_item,
@@ -106,6 +105,7 @@ def probe_on_this_machine(
         task.backend(session, fields).run,
         thresholds.as_dict(),
         task.probe_metrics,
+        gates=thresholds.gates,
         variant_id=variant_id,
         provider=session.get_providers()[0],
         hardware=this_machine().as_dict(),

@@ -23,7 +23,8 @@ from components.core.errors import and_list
 from components.core.tasks import get_family
 from components.core.tasks.family import ReportSpec
 from components.core.timing import LoadRecord, load_of, worst_load
-from serving.gates import GATES, margins
+from serving.contracts import get_contract
+from serving.gates import margins
 from serving.hardware import HardwareInfo
 
 if TYPE_CHECKING:
@@ -113,12 +114,14 @@ class GatedMetric:
 
 def gated_metrics(parity: ParityReport) -> list[GatedMetric]:
     """The metrics this variant's gate checks (a threshold is set and the value was measured), in
-    the gate's order (serving/gates.py); every other value is a diagnostic."""
+    the order of its task's gates (serving/contracts/<task>.py); every other value is a diagnostic."""
+    gates = get_contract(parity.task).gates
+    by_metric = {g.metric: g for g in gates.values()}
     out = []
-    for metric, margin in margins(parity.values, parity.thresholds).items():
-        op, field = GATES[metric]
-        value, limit = float(parity.values[metric]), float(parity.thresholds[field])
-        out.append(GatedMetric(name=metric, value=value, op=op, limit=limit, margin=margin))
+    for metric, margin in margins(parity.values, parity.thresholds, gates).items():
+        g = by_metric[metric]
+        value, limit = float(parity.values[metric]), float(parity.thresholds[g.threshold])
+        out.append(GatedMetric(name=metric, value=value, op=g.op, limit=limit, margin=margin))
     return out
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from components.core.errors import InvalidSpecError, did_you_mean
+from serving.gates import GateTable, gate
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 
@@ -172,51 +174,50 @@ class ExportSpec:
                 raise InvalidSpecError(f"{label} must be in 8..2048, got {size}")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class ParityThresholds:
-    """The gate one variant must pass; `None` leaves a metric ungated (it is still logged).
+    """The gate one variant must pass: a limit for some of its task's thresholds (`gates`, the
+    task's table: serving/contracts/<task>.py); a threshold without a limit is not gated (its
+    metric is still logged). Each task family gives its defaults per precision
+    (components/core/tasks/)."""
 
-    Each task family says which it gates and its defaults (components/core/tasks/); the direction
-    of each threshold is defined once, in serving.gates.GATES.
-    """
+    gates: GateTable
+    limits: Mapping[str, float] = field(default_factory=dict)
 
-    max_abs_diff: float | None = None
-    mean_abs_diff: float | None = None
-    min_cosine: float | None = None
-    mean_cosine: float | None = None
-    min_neighbour_agreement: float | None = None
-    min_top1_agreement: float | None = None
-    min_top5_agreement: float | None = None
-    min_decisive_top1_agreement: float | None = None
-    max_pixel_diff: float | None = None
-    min_rank_agreement: float | None = None
+    @classmethod
+    def of(cls, gates: GateTable, **limits: float) -> ParityThresholds:
+        return cls(gates, limits)
 
     def __post_init__(self) -> None:
-        from serving.gates import is_floor
-
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                continue
+        for name, value in self.limits.items():
+            if name not in self.gates:
+                raise InvalidSpecError(unknown_threshold(name, self.gates))
             if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
-                raise InvalidSpecError(f"threshold {f.name} must be a number, got {value!r}")
-            if is_floor(f.name):  # agreement and cosine floors live in [-1, 1]
+                raise InvalidSpecError(f"threshold {name} must be a number, got {value!r}")
+            if self.gates[name].op == ">=":  # agreement and cosine floors live in [-1, 1]
                 if not -1.0 <= value <= 1.0:
-                    raise InvalidSpecError(f"threshold {f.name} must be in [-1, 1], got {value}")
+                    raise InvalidSpecError(f"threshold {name} must be in [-1, 1], got {value}")
             elif value < 0:
-                raise InvalidSpecError(f"threshold {f.name} must be >= 0, got {value}")
+                raise InvalidSpecError(f"threshold {name} must be >= 0, got {value}")
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return dict(self.limits)
 
     def updated(self, **overrides: float | None) -> ParityThresholds:
-        known = {f.name for f in fields(self)}
+        """These limits with `overrides` applied (None: the threshold is no longer gated)."""
         for key in overrides:
-            if key not in known:
-                raise InvalidSpecError(
-                    f"unknown threshold {key!r} (known: {', '.join(sorted(known))}){did_you_mean(key, known)}"
-                )
-        return replace(self, **overrides)
+            if key not in self.gates:
+                raise InvalidSpecError(unknown_threshold(key, self.gates))
+        limits = {**self.limits, **overrides}
+        return ParityThresholds(self.gates, {k: v for k, v in limits.items() if v is not None})
+
+    def misses(self, values: Mapping[str, float]) -> list[str]:
+        """Every limit `values` miss (serving.gates.gate)."""
+        return gate(values, self.limits, self.gates)
+
+
+def unknown_threshold(name: str, gates: GateTable) -> str:
+    return f"unknown threshold {name!r} (known: {', '.join(sorted(gates))}){did_you_mean(name, gates)}"
 
 
 def parse_threshold_overrides(items: list[str]) -> dict[str, dict[str, float]]:

@@ -57,7 +57,7 @@ def model_metadata(request: Request) -> dict[str, Any]:
         "versions": [service.manifest.version],
         "platform": "onnxruntime_onnx",
         "inputs": runtime.v2_inputs(),
-        "outputs": [{"name": runtime.output_name, "datatype": "FP32", "shape": [-1, runtime.output_dim]}],
+        "outputs": runtime.v2_outputs(),
         "parameters": {
             "variant": service.variant.id,
             "task": service.manifest.task,

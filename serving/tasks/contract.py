@@ -54,6 +54,10 @@ class TaskRuntime(Protocol):
         """Open Inference Protocol input tensors (name, datatype, shape)."""
         ...
 
+    def v2_outputs(self) -> list[dict[str, Any]]:
+        """Open Inference Protocol output tensors (name, datatype, shape; -1 where it varies)."""
+        ...
+
     async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         """(payloads, buckets) from the request's one input tensor (checked)."""
         ...

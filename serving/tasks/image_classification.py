@@ -20,6 +20,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
+from serving.contracts.image_classification import ImageClassificationSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 from serving.gates import probability_metrics
 from serving.http import RouteSpec, config_of, json_response, read_body, read_json_object, service_of
@@ -36,7 +37,7 @@ def choose_decoder(manifest: Any, variant: Any, requested: str, max_pixels: int)
     exact."""
     if requested not in ("auto", *DECODE_MODES):
         raise ValueError(f"unknown decode mode {requested!r} (auto, {', '.join(DECODE_MODES)})")
-    default, side = decode_settings(manifest.preprocessing)
+    default, side = decode_settings(manifest.task_settings.preprocessing)
     if requested == "exact" or (requested == "auto" and default == "exact"):
         return ImageDecoder(max_pixels), "exact"
     if default != "reduced":
@@ -56,8 +57,9 @@ class ImageClassificationRuntime:
 
     def __init__(self, ctx: LoadContext) -> None:
         manifest, config = ctx.manifest, ctx.config
-        if manifest.preprocessing is None:
-            raise ValueError("an image-classification bundle needs preprocessing settings")
+        settings = manifest.task_settings
+        if not isinstance(settings, ImageClassificationSettings):
+            raise ValueError(f"not an image-classification bundle: {manifest.task}")
         try:
             self.decoder, self.decode = choose_decoder(manifest, ctx.variant, config.decode, config.max_image_pixels)
         except RuntimeError as exc:  # Pillow (the image extra) is missing
@@ -66,8 +68,8 @@ class ImageClassificationRuntime:
         # decoding never oversubscribes the CPU however many requests arrive at once
         self.decode_pool = ThreadPoolExecutor(max_workers=config.worker_count, thread_name_prefix="ortpack-decode")
         self.output_dim = int(manifest.outputs[0].shape[-1])
-        self.labels = manifest.labels or [str(i) for i in range(self.output_dim)]
-        self.crop = manifest.preprocessing.crop_size
+        self.labels = settings.labels or [str(i) for i in range(self.output_dim)]
+        self.crop = settings.preprocessing.crop_size
         self.max_items = config.max_items
         self.max_image_pixels = config.max_image_pixels
         self.max_batch_pixels = config.max_batch_pixels
@@ -97,6 +99,9 @@ class ImageClassificationRuntime:
     def probe_prepare(self) -> Prepare:
         decoder = self.decoder
         return lambda files: [decoder.decode(f, "probe image") for f in files]
+
+    def v2_outputs(self) -> list[dict[str, Any]]:
+        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, self.output_dim]}]
 
     def v2_inputs(self) -> list[dict[str, Any]]:
         return [{"name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, 3]}]
@@ -243,7 +248,7 @@ def _backend(session: Any, fields: dict[str, Any]) -> ImageBackend:
 def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
     """Probe files decoded by the server's decoder in the bundle's default decode mode (the
     validate step's check on the build machine)."""
-    preprocessing = fields.get("preprocessing") or {}
+    preprocessing = fields["task_settings"]["preprocessing"]
     side = int(preprocessing.get("decode_min_side", 0)) if preprocessing.get("decode") == "reduced" else 0
     decoder = ImageDecoder(max_pixels=1 << 40, reduce_to=side)
 

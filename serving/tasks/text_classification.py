@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.backend import TextClassifierBackend
+from serving.contracts.text_classification import TextClassificationSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import probability_metrics, rank_agreement
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
@@ -30,15 +31,16 @@ from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, 
 class TextClassificationRuntime:
     def __init__(self, ctx: LoadContext) -> None:
         manifest, config = ctx.manifest, ctx.config
-        tokenizer, classification = manifest.tokenizer, manifest.classification
-        if tokenizer is None or classification is None:
-            raise ValueError("a text-classification bundle needs tokenizer and classification settings")
+        settings = manifest.task_settings
+        if not isinstance(settings, TextClassificationSettings):
+            raise ValueError(f"not a text-classification bundle: {manifest.task}")
+        tokenizer, classification = settings.tokenizer, settings.classification
         self.pairs = classification.pairs
         self.max_items = config.max_items
         self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
         self.output_name = manifest.outputs[0].name
         self.output_dim = int(manifest.outputs[0].shape[-1])
-        self.labels = manifest.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
+        self.labels = settings.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
         self.backend = _backend(ctx.session, manifest.model_dump())
         self.batching = f"buckets {self.encoder.buckets}"
         self._probe = probe_prepare(manifest.model_dump(), ctx.files)
@@ -58,6 +60,9 @@ class TextClassificationRuntime:
         if pairs_with is not None:
             return await self.encoder.encode_pairs_async([(pairs_with, t) for t in texts])
         return await self.encoder.encode_async(texts)
+
+    def v2_outputs(self) -> list[dict[str, Any]]:
+        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, self.output_dim]}]
 
     def v2_inputs(self) -> list[dict[str, Any]]:
         return [{"name": "text", "datatype": "BYTES", "shape": [-1, 2] if self.pairs else [-1]}]
@@ -215,7 +220,7 @@ async def rerank(request: Request) -> Response:
 
 
 def _backend(session: Any, fields: dict[str, Any]) -> TextClassifierBackend:
-    tokenizer = fields["tokenizer"]
+    tokenizer = fields["task_settings"]["tokenizer"]
     dim = int(fields["outputs"][0]["shape"][-1])
     return TextClassifierBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
 

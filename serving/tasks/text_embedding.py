@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.backend import TextEmbeddingBackend
+from serving.contracts.text_embedding import TextEmbeddingSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import embedding_metrics
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of, space_headers
@@ -28,9 +29,10 @@ class TextEmbeddingRuntime:
 
     def __init__(self, ctx: LoadContext) -> None:
         manifest, config = ctx.manifest, ctx.config
-        tokenizer = manifest.tokenizer
-        if tokenizer is None:
-            raise ValueError("a text-embedding bundle needs tokenizer settings")
+        settings = manifest.task_settings
+        if not isinstance(settings, TextEmbeddingSettings):
+            raise ValueError(f"not a text-embedding bundle: {manifest.task}")
+        tokenizer = settings.tokenizer
         self.max_items = config.max_items
         self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
         self.output_dim = int(manifest.outputs[0].shape[-1])
@@ -54,6 +56,9 @@ class TextEmbeddingRuntime:
         if texts is not None:
             return await self.encoder.encode_async(texts)
         return self.encoder.from_ids(ids or [])
+
+    def v2_outputs(self) -> list[dict[str, Any]]:
+        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, self.output_dim]}]
 
     def v2_inputs(self) -> list[dict[str, Any]]:
         return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
@@ -122,7 +127,7 @@ async def embeddings(request: Request) -> Response:
 
 
 def _backend(session: Any, fields: dict[str, Any]) -> TextEmbeddingBackend:
-    tokenizer = fields["tokenizer"]
+    tokenizer = fields["task_settings"]["tokenizer"]
     dim = int(fields["outputs"][0]["shape"][-1])
     return TextEmbeddingBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
 

@@ -441,6 +441,7 @@ def choose_decode(
 
     Returns the manifest's decode fields, the numbers of every margin tried, and per file the
     largest probability difference of the chosen reduced decode (0 where it does not reduce)."""
+    from serving.contracts.image_classification import CONTRACT
     from serving.gates import gate, probability_metrics
     from serving.images import DECODE_GATE, ImageDecoder
 
@@ -462,7 +463,7 @@ def choose_decode(
             continue
         values = probability_metrics(reference[reduced], np.stack(rows))
         metrics.update({f"{key}.{name}": value for name, value in values.items()})
-        misses = gate(values, DECODE_GATE)
+        misses = gate(values, DECODE_GATE, CONTRACT.gates)
         log.info(
             "export: reduced decoding at %d px (%gx), %d files: top-1 %.3f (%.3f on %d decisive), top-5 %.3f, "
             "max |diff| %.3f%s",
@@ -601,20 +602,22 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         },
         torch_latency=torch_latency,
         versions={"torch": torch.__version__, "torchvision": torchvision.__version__, "onnx": onnx.__version__},
-        preprocessing={
-            "input_dtype": "uint8",
-            "layout": "NHWC",
-            "value_range": [0, 255],
-            "color": "RGB",
-            "resize_size": pre["resize_size"],
-            "crop_size": pre["crop_size"],
-            "interpolation": pre["interpolation"],
-            "antialias": True,
-            "mean": list(pre["mean"]),
-            "std": list(pre["std"]),
-            **decode,
+        task_settings={
+            "preprocessing": {
+                "input_dtype": "uint8",
+                "layout": "NHWC",
+                "value_range": [0, 255],
+                "color": "RGB",
+                "resize_size": pre["resize_size"],
+                "crop_size": pre["crop_size"],
+                "interpolation": pre["interpolation"],
+                "antialias": True,
+                "mean": list(pre["mean"]),
+                "std": list(pre["std"]),
+                **decode,
+            },
+            "labels": labels,
         },
-        labels=labels,
         extra_files=[],
     )
     result.save(out_dir)

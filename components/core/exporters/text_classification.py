@@ -62,7 +62,8 @@ class Classifier(nn.Module):
         return logits
 
 
-def _weights_file(model_dir: Path) -> Path:
+def weights_file(model_dir: Path) -> Path:
+    """The checkpoint's weights file, or a one-line ModelLoadError naming what is missing."""
     if not model_dir.is_dir():
         raise ModelLoadError(f"model path is not a checkpoint directory: {model_dir}")
     if not (model_dir / "config.json").is_file():
@@ -100,10 +101,18 @@ def validation_pairs(texts: tuple[str, ...]) -> tuple[list[str], list[str], np.n
 
 
 def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForSequenceClassification
+
+    return load_checkpoint(model_dir, weights, AutoModelForSequenceClassification, "text-classification")
+
+
+def load_checkpoint(model_dir: Path, weights: Path, auto_class: Any, task: str) -> tuple[Any, Any]:
+    """(fast tokenizer, model in eval mode) of a local checkpoint through `auto_class` (a
+    transformers AutoModelFor... class); each refusal is one ModelLoadError line."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -112,9 +121,7 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     if getattr(config, "auto_map", None):
         raise ModelLoadError(f"{model_dir} asks for remote code (auto_map in config.json); ortpack never runs it")
     if getattr(config, "is_encoder_decoder", False):
-        raise ModelLoadError(
-            f"{model_dir} is an encoder-decoder ({config.model_type}); text-classification needs an encoder"
-        )
+        raise ModelLoadError(f"{model_dir} is an encoder-decoder ({config.model_type}); {task} needs an encoder")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint
@@ -122,17 +129,18 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{model_dir} has no fast tokenizer (tokenizer.json); ortpack ships one")
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = auto_class.from_pretrained(
             model_dir, attn_implementation="eager", local_files_only=True, use_safetensors=weights.suffix != ".bin"
         )
     except (ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{model_dir} is not a sequence classifier: {one_line(exc, 300)}") from None
+        raise ModelLoadError(f"{model_dir} is not a {task} model: {one_line(exc, 300)}") from None
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load weights from {weights}: {one_line(exc, 300)}") from None
     return tokenizer, model.eval()
 
 
-def _max_length(tokenizer: Any, config: Any, spec: ExportSpec) -> int:
+def max_length_for(tokenizer: Any, config: Any, spec: ExportSpec) -> int:
+    """`spec.max_length` within the model's positions, else the tokenizer's own limit."""
     # the encoder family's position handling (RoBERTa's ids start after the padding index);
     # an architecture outside the table: a plain table of max_position_embeddings
     family = FAMILIES.get(str(config.model_type))
@@ -168,7 +176,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     from serving.bundle import sha256_file
 
     model_dir = Path(spec.source)
-    weights = _weights_file(model_dir)
+    weights = weights_file(model_dir)
     t0 = time.perf_counter()
     tokenizer, model = _load(model_dir, weights)
     config = model.config
@@ -180,7 +188,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     classes = int(config.num_labels)
     pairs = classes == 1  # a cross-encoder: scores (query, document) pairs
     output_name = "scores" if pairs else "probabilities"
-    max_length = _max_length(tokenizer, config, spec)
+    max_length = max_length_for(tokenizer, config, spec)
     module = Classifier(model, activation, names).eval()
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,16 +288,18 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         },
         torch_latency=torch_latency,
         versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
-        tokenizer={
-            "file": "tokenizer.json",
-            "max_length": max_length,
-            "truncation": True,
-            "padding": "longest",
-            "pad_token_id": int(tokenizer.pad_token_id or 0),
-            "model_input_names": list(names),
+        task_settings={
+            "tokenizer": {
+                "file": "tokenizer.json",
+                "max_length": max_length,
+                "truncation": True,
+                "padding": "longest",
+                "pad_token_id": int(tokenizer.pad_token_id or 0),
+                "model_input_names": list(names),
+            },
+            "classification": {"activation": activation, "pairs": pairs},
+            "labels": labels,
         },
-        classification={"activation": activation, "pairs": pairs},
-        labels=labels,
         extra_files=["tokenizer.json"],
     )
     result.save(out_dir)

@@ -543,15 +543,17 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "transformers": transformers.__version__,
             "onnx": onnx.__version__,
         },
-        tokenizer={
-            "file": "tokenizer.json",
-            "max_length": max_length,
-            "truncation": True,
-            "padding": "longest",
-            "pad_token_id": int(tokenizer.pad_token_id or 0),
-            "model_input_names": list(input_names),
+        task_settings={
+            "tokenizer": {
+                "file": "tokenizer.json",
+                "max_length": max_length,
+                "truncation": True,
+                "padding": "longest",
+                "pad_token_id": int(tokenizer.pad_token_id or 0),
+                "model_input_names": list(input_names),
+            },
+            "pooling": {"mode": pooling_config["mode"], "normalize": bool(pooling_config["normalize"])},
         },
-        pooling={"mode": pooling_config["mode"], "normalize": bool(pooling_config["normalize"])},
         extra_files=["tokenizer.json"],
     )
     result.save(out_dir)

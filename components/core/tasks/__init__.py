@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import fields
 from functools import cache
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from components.core.errors import InvalidSpecError, and_list, did_you_mean
@@ -29,11 +30,17 @@ if TYPE_CHECKING:
     from components.core.specs import BuildSpec, ExportSpec, ParityThresholds
 
 
+# The registered families: each is components/core/tasks/<module>.py, whose FAMILY it is
+FAMILY_MODULES = (
+    "text_embedding",
+    "image_classification",
+    "text_classification",
+)
+
+
 @cache
 def _registry() -> dict[str, TaskFamily]:
-    from components.core.tasks import image_classification, text_classification, text_embedding
-
-    families = (text_embedding.FAMILY, image_classification.FAMILY, text_classification.FAMILY)
+    families = [import_module(f"components.core.tasks.{module}").FAMILY for module in FAMILY_MODULES]
     return {f.name: f for f in families}
 
 

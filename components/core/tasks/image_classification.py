@@ -23,6 +23,7 @@ import numpy as np
 from components.core.recipes import STATIC_INT8_RECIPES
 from components.core.specs import ParityThresholds
 from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from serving.contracts.image_classification import CONTRACT
 from serving.gates import decisive_rows, probability_metrics, topk_overlap
 
 if TYPE_CHECKING:
@@ -42,10 +43,15 @@ PROBE_MAX_BYTES = 600_000
 # differ (0.003 measured on MobileNetV3-small). int8 is set from a random-weight MobileNetV3 (no
 # trained weights offline; top-1 0.875-0.94, top-5 0.80-0.85 on generated pixels): tighten it for
 # trained models.
+GATES = CONTRACT.gates
 THRESHOLDS = {
-    "fp32": ParityThresholds(max_abs_diff=0.02, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0),
-    "fp16": ParityThresholds(max_abs_diff=0.03, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0),
-    "int8": ParityThresholds(min_top1_agreement=0.85, min_top5_agreement=0.75, max_pixel_diff=2.0),
+    "fp32": ParityThresholds.of(
+        GATES, max_abs_diff=0.02, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0
+    ),
+    "fp16": ParityThresholds.of(
+        GATES, max_abs_diff=0.03, min_top1_agreement=0.95, min_top5_agreement=0.95, max_pixel_diff=2.0
+    ),
+    "int8": ParityThresholds.of(GATES, min_top1_agreement=0.85, min_top5_agreement=0.75, max_pixel_diff=2.0),
 }
 
 
@@ -84,7 +90,7 @@ def _pixel_diff(images: list[np.ndarray], ref: Any, export_dir: Path) -> dict[st
     pre = create_session(
         path, SessionPlan(providers=["CPUExecutionProvider"], online_optimization=True, reason="preprocessing check")
     )
-    meta = json.loads((export_dir / "export.json").read_text())["preprocessing"]
+    meta = json.loads((export_dir / "export.json").read_text())["task_settings"]["preprocessing"]
     mean = np.array(meta["mean"]).reshape(3, 1, 1) * 255.0
     std = np.array(meta["std"]).reshape(3, 1, 1) * 255.0
     # the graph's float result rounded to a uint8 level, as torchvision's uint8 kernel outputs
@@ -188,7 +194,7 @@ def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
 
     files = unpack_files(ref["served_offsets"], ref["served_data"])
     expected = ref["served_outputs"].astype(np.float64)
-    preprocessing = json.loads((export_dir / "export.json").read_text())["preprocessing"]
+    preprocessing = json.loads((export_dir / "export.json").read_text())["task_settings"]["preprocessing"]
     side = int(preprocessing.get("decode_min_side", 0))
 
     def run(decoder: ImageDecoder) -> tuple[np.ndarray, list[int]]:
@@ -249,7 +255,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         candidate = dst.with_name(f"{dst.stem}.{recipe}.onnx")
         quantize_int8_static(src, candidate, images, recipe)
         values = compare(_session(candidate, DISABLED_OPTIMIZERS), ref, export_dir).values
-        misses = gate(values, thresholds)
+        misses = gate(values, thresholds, GATES)
         quality = {k: values[k] for k in ("top1_agreement", "top5_agreement", "max_abs_diff") if k in values}
         tried[recipe] = {"quality": quality, "passed": not misses, "misses": misses}
         log.info("int8 recipe %s: %s", recipe, "; ".join(misses) if misses else "passes")
@@ -281,7 +287,7 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     from components.core.validation_data import unpack_files
     from serving.probe import Probe
 
-    side = int((export.preprocessing or {}).get("decode_min_side", 0))
+    side = int(export.task_settings["preprocessing"].get("decode_min_side", 0))
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         files = unpack_files(ref["served_offsets"], ref["served_data"])
         outputs, changed = ref["served_outputs"], ref["served_reduced_diff"]

@@ -19,6 +19,7 @@ import components.core.tasks.text_embedding as text
 from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
 from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from serving.contracts.text_classification import CONTRACT
 from serving.gates import probability_metrics, rank_agreement, topk_overlap
 
 if TYPE_CHECKING:
@@ -31,10 +32,11 @@ PROBE_ITEMS = 48
 # top-1 agreement is gated for classifiers, rank agreement for cross-encoders (each metric is
 # measured only for its kind, and a metric not measured is not gated). fp32 is near-exact; int8
 # is set from tiny random-weight models (no real checkpoint offline): tighten it for trained ones.
+GATES = CONTRACT.gates
 THRESHOLDS = {
-    "fp32": ParityThresholds(max_abs_diff=1e-4, min_top1_agreement=0.99, min_rank_agreement=0.99),
-    "fp16": ParityThresholds(max_abs_diff=5e-3, min_top1_agreement=0.98, min_rank_agreement=0.97),
-    "int8": ParityThresholds(min_top1_agreement=0.85, min_rank_agreement=0.85),
+    "fp32": ParityThresholds.of(GATES, max_abs_diff=1e-4, min_top1_agreement=0.99, min_rank_agreement=0.99),
+    "fp16": ParityThresholds.of(GATES, max_abs_diff=5e-3, min_top1_agreement=0.98, min_rank_agreement=0.97),
+    "int8": ParityThresholds.of(GATES, min_top1_agreement=0.85, min_rank_agreement=0.85),
 }
 
 

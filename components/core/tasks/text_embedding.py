@@ -16,6 +16,7 @@ import numpy as np
 from components.core.recipes import dynamic_recipe_names
 from components.core.specs import ParityThresholds
 from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from serving.contracts.text_embedding import CONTRACT
 from serving.gates import cosine_rows, neighbour_overlap
 
 if TYPE_CHECKING:
@@ -29,10 +30,11 @@ PROBE_TEXTS = 48
 
 # Measured on all-MiniLM-L6-v2 and a tiny BERT (README, "Parity gate"): fp32 must be near-exact;
 # fp16 allows fp16 rounding; int8 is judged mainly on whether each sentence keeps its neighbours.
+GATES = CONTRACT.gates
 THRESHOLDS = {
-    "fp32": ParityThresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_neighbour_agreement=0.99),
-    "fp16": ParityThresholds(max_abs_diff=5e-3, min_cosine=0.999, min_neighbour_agreement=0.95),
-    "int8": ParityThresholds(min_cosine=0.90, mean_cosine=0.98, min_neighbour_agreement=0.80),
+    "fp32": ParityThresholds.of(GATES, max_abs_diff=1e-4, min_cosine=0.99999, min_neighbour_agreement=0.99),
+    "fp16": ParityThresholds.of(GATES, max_abs_diff=5e-3, min_cosine=0.999, min_neighbour_agreement=0.95),
+    "int8": ParityThresholds.of(GATES, min_cosine=0.90, mean_cosine=0.98, min_neighbour_agreement=0.80),
 }
 
 
@@ -132,11 +134,11 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     """Full batches of random token ids at the shapes PyTorch was timed at (b1×16, b16×128)."""
     from components.core.timing import synthetic_text_batch, text_bench_shapes
 
-    assert export.tokenizer is not None
-    names = list(export.tokenizer["model_input_names"])
+    tokenizer = export.task_settings["tokenizer"]
+    names = list(tokenizer["model_input_names"])
     return {
         key: (batch, synthetic_text_batch(batch, seq, names, vocab_size=int(export.model_info["vocab_size"])))
-        for key, (batch, seq) in text_bench_shapes(int(export.tokenizer["max_length"])).items()
+        for key, (batch, seq) in text_bench_shapes(int(tokenizer["max_length"])).items()
     }
 
 
@@ -216,9 +218,8 @@ class _SearchSet:
         from components.core.validation_data import retrieval_queries, validation_sentences
         from serving.text import probe_prepare
 
-        assert export.tokenizer is not None
-        tokenizer = export.tokenizer["file"]
-        prepare = probe_prepare({"tokenizer": export.tokenizer}, {tokenizer: (export_dir / tokenizer).read_bytes()})
+        tokenizer = export.task_settings["tokenizer"]["file"]
+        prepare = probe_prepare(export.manifest_fields(), {tokenizer: (export_dir / tokenizer).read_bytes()})
         probe = select_probe(export, export_dir)
         queries = list(dict.fromkeys(t for t in retrieval_queries() if t.strip()))[:SEARCH_QUERIES]
         documents = [t for t in dict.fromkeys(validation_sentences()) if t.strip() and t not in queries]
@@ -239,7 +240,7 @@ class _SearchSet:
         probe = cosine_rows(_embed_each(session, self.payloads[:p]), self.reference[:p]) if p else np.ones(1)
         quality = {"probe_min_cosine": float(probe.min()), "probe_mean_cosine": float(probe.mean())}
         on_probe = {"min_cosine": quality["probe_min_cosine"], "mean_cosine": quality["probe_mean_cosine"]}
-        misses = gate(on_probe, thresholds)
+        misses = gate(on_probe, thresholds, GATES)
         if misses:
             return Judged(quality=quality, misses=[f"probe: {m}" for m in misses])
         rows = _embed_each(session, self.payloads[p:])
@@ -253,7 +254,7 @@ class _SearchSet:
             "recall_at_10": recall["recall_reindexed"],
             "cross_recall_at_10": recall["recall_cross"],
         }
-        misses = gate(quality, thresholds)
+        misses = gate(quality, thresholds, GATES)
         if quality["recall_at_10"] < SEARCH_MIN_RECALL:
             misses.append(f"recall_at_10 {quality['recall_at_10']:.3f} (needs >= {SEARCH_MIN_RECALL})")
         return Judged(quality=quality, misses=misses)
@@ -265,11 +266,10 @@ def _whole_gate(ref: Any, export_dir: Path, path: Path) -> Any:
     does to dynamic quantization (all-mpnet-base-v2 at 128 tokens, per channel with int8
     embeddings: min cosine 0.93 at batch 1, 0.83 in the padded batches)."""
     from components.core.int8_search import Judged
-    from serving.gates import gate
 
     values = compare(_candidate_session(path), ref, export_dir).values
     quality = {f"gate_{k}": values[k] for k in ("min_cosine", "mean_cosine", "neighbour_agreement") if k in values}
-    return Judged(quality=quality, misses=gate(values, THRESHOLDS["int8"].as_dict()))
+    return Judged(quality=quality, misses=THRESHOLDS["int8"].misses(values))
 
 
 def _candidate_session(path: Path) -> Any:

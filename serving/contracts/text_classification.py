@@ -1,0 +1,38 @@
+"""The text-classification contract: a tokenizer, the classifier head (its activation, and whether
+it scores query/document pairs), the labels, and a gate on probabilities, top-k and ranking."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from serving.contracts.base import Strict, TaskContract, TextSettings
+from serving.gates import ceiling, floor, gate_table
+
+
+class Classification(Strict):
+    """The head of a text classifier: the activation baked into the graph, and whether it scores
+    (query, document) pairs (a cross-encoder, served as /v1/rerank) or single texts."""
+
+    activation: Literal["softmax", "sigmoid", "none"]
+    pairs: bool
+
+
+class TextClassificationSettings(TextSettings):
+    task: Literal["text-classification"] = "text-classification"
+    classification: Classification
+    labels: list[str] | None = None
+
+
+CONTRACT = TaskContract(
+    name="text-classification",
+    settings=TextClassificationSettings,
+    gates=gate_table(
+        ceiling("max_abs_diff"),
+        ceiling("mean_abs_diff"),
+        floor("top1_agreement"),
+        floor("top5_agreement"),
+        floor("decisive_top1_agreement"),
+        floor("rank_agreement"),
+    ),
+    plugin="serving.tasks.text_classification",
+)
