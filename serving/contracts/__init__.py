@@ -43,6 +43,7 @@ TASK_MODULES = (
     "text_embedding",
     "image_classification",
     "text_classification",
+    "token_classification",
 )
 
 

@@ -35,6 +35,7 @@ FAMILY_MODULES = (
     "text_embedding",
     "image_classification",
     "text_classification",
+    "token_classification",
 )
 
 

@@ -1,0 +1,201 @@
+"""Export a Hugging Face token classifier (`AutoModelForTokenClassification`: named-entity
+recognition, part-of-speech tagging) with softmax in the graph.
+
+Input: a checkpoint directory (config.json with `id2label`, safetensors or weights-only torch
+weights, a fast tokenizer). Output graph: `input_ids`, `attention_mask` (and `token_type_ids`
+when the model takes them), int64 `[batch, sequence]`, to `probabilities` float32
+`[batch, sequence, labels]`: one distribution per token. Grouping tokens into words and entities
+is the server's (serving/tasks/token_classification.py), from the tokenizer's offsets.
+
+The reference: every validation sentence, its per-token probabilities padded to the tokenizer's
+max length with -1 (the server pads its rows the same way, so probe rows line up).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from components.core.artifacts import ExportResult
+from components.core.errors import ExportError, one_line
+from components.core.exporters.families import FAMILIES
+from components.core.exporters.text_classification import load_checkpoint, max_length_for, weights_file
+from components.core.exporters.text_embedding import save_tokenizer_json, tokenize_reference
+from components.core.specs import ExportSpec
+from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
+from components.core.validation_data import validation_sentences
+
+log = logging.getLogger("ortpack.export")
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUT = "probabilities"
+PAD = -1.0  # the value of every position past a text's tokens, in references and served rows
+
+
+class TokenTagger(nn.Module):
+    """The token classifier followed by softmax over its labels, per token."""
+
+    def __init__(self, model: nn.Module, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model(**dict(zip(self.input_names, inputs, strict=True))).logits, dim=-1)
+
+
+def pad_rows(rows: list[np.ndarray], width: int, labels: int) -> np.ndarray:
+    """Per-text `[tokens, labels]` arrays as one `[n, width, labels]` array, PAD past each text."""
+    out = np.full((len(rows), width, labels), PAD, dtype=np.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+@torch.inference_mode()
+def reference_outputs(module: TokenTagger, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> list[np.ndarray]:
+    """Each text's `[tokens, labels]` probabilities, run in length-sorted batches of 32."""
+    lengths = inputs["lengths"]
+    order = np.argsort(lengths, kind="stable")
+    rows: dict[int, np.ndarray] = {}
+    for start in range(0, len(order), 32):
+        idx = order[start : start + 32]
+        width = int(lengths[idx].max())
+        out = module(*[torch.from_numpy(inputs[n][idx, :width]) for n in names]).float().numpy()
+        for row, i in enumerate(idx):
+            rows[int(i)] = out[row, : int(lengths[i])]
+    return [rows[i] for i in range(len(lengths))]
+
+
+def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
+    """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
+    import onnx
+    import transformers
+    from transformers import AutoModelForTokenClassification
+
+    from serving.bundle import sha256_file
+
+    model_dir = Path(spec.source)
+    weights = weights_file(model_dir)
+    t0 = time.perf_counter()
+    tokenizer, model = load_checkpoint(model_dir, weights, AutoModelForTokenClassification, spec.task)
+    config = model.config
+    accepted = inspect.signature(model.forward).parameters
+    names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
+    if names[:2] != ("input_ids", "attention_mask"):
+        raise ExportError(f"model takes {names}; a token classifier needs input_ids and attention_mask")
+    classes = int(config.num_labels)
+    max_length = max_length_for(tokenizer, config, spec)
+    module = TokenTagger(model, names).eval()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = out_dir / "model.onnx"
+    dummy = {
+        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long)
+        % int(config.vocab_size),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.long),
+        "token_type_ids": torch.zeros((2, 4), dtype=torch.long),
+    }
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*names, OUTPUT)}
+    log.info("export: tracing %s to ONNX (opset %d), %d labels per token", model_dir.name, spec.opset, classes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                tuple(dummy[n] for n in names),
+                str(model_path),
+                input_names=list(names),
+                output_names=[OUTPUT],
+                dynamic_axes=axes,
+                opset_version=spec.opset,
+                dynamo=False,  # the legacy exporter gives the graph ORT's BERT fusions recognise
+                do_constant_folding=True,
+            )
+        onnx.checker.check_model(str(model_path), full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
+    graph = onnx.load(str(model_path))
+    out_dims = graph.graph.output[0].type.tensor_type.shape.dim
+    out_dims[0].dim_param, out_dims[1].dim_param = "batch", "sequence"
+    out_dims[2].dim_value = classes
+    onnx.save(graph, str(model_path))
+    seconds = time.perf_counter() - t0
+
+    tokenizer_path = out_dir / "tokenizer.json"
+    save_tokenizer_json(tokenizer, tokenizer_path)
+    texts = [t for t in validation_sentences() if t.strip()]
+    inputs = tokenize_reference(tokenizer_path, tokenizer, texts, max_length, names)
+    log.info("export: PyTorch reference outputs on %d texts", len(texts))
+    rows = reference_outputs(module, inputs, names)
+    if not all(np.isfinite(r).all() for r in rows):
+        raise ExportError("the PyTorch model produces non-finite outputs on the validation set")
+    outputs = pad_rows(rows, max_length, classes)
+    arrays: dict[str, Any] = {"task": np.array(spec.task), "input_names": np.array(names), "texts": np.array(texts)}
+    np.savez_compressed(out_dir / "reference.npz", **{**arrays, **inputs, "outputs": outputs})
+
+    torch_latency = {}
+    with torch.inference_mode():
+        for key, (batch, seq) in text_bench_shapes(max_length).items():
+            feeds = synthetic_text_batch(batch, seq, list(names), vocab_size=int(config.vocab_size))
+            torch_latency[key] = measure_latency(
+                partial(module, *[torch.from_numpy(feeds[n]) for n in names]), budget_s=3.0
+            )
+
+    id2label = getattr(config, "id2label", None) or {}
+    labels = [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(classes)]
+    family = FAMILIES.get(str(config.model_type))
+    result = ExportResult(
+        task=spec.task,
+        name=spec.name,
+        source={
+            "kind": "huggingface",
+            "id": str(getattr(config, "_name_or_path", "") or model_dir.name),
+            "revision": None,
+            "weights_sha256": sha256_file(weights),
+        },
+        inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in names],
+        outputs=[{"name": OUTPUT, "dtype": "float32", "shape": ["batch", "sequence", classes]}],
+        opset=spec.opset,
+        model_info={
+            "model_type": str(config.model_type),
+            "exporter": "torchscript",
+            "fuser": family.fuser if family else "none",
+            "num_heads": int(getattr(config, "num_attention_heads", 0)),
+            "hidden_size": int(getattr(config, "hidden_size", 0)),
+            "vocab_size": int(config.vocab_size),
+            "num_layers": int(getattr(config, "num_hidden_layers", 0)),
+        },
+        metrics={
+            "nodes": float(len(graph.graph.node)),
+            "mb": model_path.stat().st_size / 1e6,
+            "seconds": seconds,
+            "validation_samples": float(len(texts)),
+            "validation_tokens": float(inputs["lengths"].sum()),
+        },
+        torch_latency=torch_latency,
+        versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
+        task_settings={
+            "tokenizer": {
+                "file": "tokenizer.json",
+                "max_length": max_length,
+                "truncation": True,
+                "padding": "longest",
+                "pad_token_id": int(tokenizer.pad_token_id or 0),
+                "model_input_names": list(names),
+            },
+            "labels": labels,
+        },
+        extra_files=["tokenizer.json"],
+    )
+    result.save(out_dir)
+    return result

@@ -1,0 +1,283 @@
+"""Serving token classifiers (task `token-classification`: named-entity recognition, tagging).
+
+- `POST /v1/ner` with `{"input": text or [texts], "aggregation": "first" | "none"}` answers each
+  text's entities with character offsets, as Hugging Face's token-classification pipeline does:
+  "first" gives a word its first token's label and joins `B-X`/`I-X` words (or repeated plain
+  tags) into one entity scored by the mean of its words; "none" answers every token. Tokens
+  labelled `O` are left out. The request and answer bodies are the pydantic models below: the
+  same models parse requests and write the OpenAPI schemas, so the two cannot drift.
+- The Open Inference Protocol takes `text` (BYTES, `[n]`) and answers `probabilities`
+  `[n, max_length, labels]`, -1 past each text's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import models_json_schema
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving.backend import TextEmbeddingBackend
+from serving.contracts.token_classification import PAD, TokenClassificationSettings, token_metrics
+from serving.errors import InvalidRequestError, PayloadTooLargeError
+from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.tasks.contract import LoadContext, Prepare, ServingTask
+from serving.text import Encoded, TextEncoder, probe_prepare, v2_texts
+
+INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
+
+
+# ---------------------------------------------------------------- request and answer
+
+
+class NerRequest(BaseModel):
+    """Texts to tag; `aggregation` overrides the bundle's default."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"input": "Ada Lovelace met Babbage."}]})
+
+    input: str | Annotated[list[str], Field(min_length=1)]
+    model: str | None = None
+    aggregation: Literal["first", "none"] | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_blank(cls, value: str | list[str]) -> str | list[str]:
+        for i, text in enumerate([value] if isinstance(value, str) else value):
+            if not text.strip():
+                raise ValueError(f"input[{i}] is empty")
+        return value
+
+
+class Entity(BaseModel):
+    entity: str  # the entity type ("PER") with "first", the token's label ("B-PER") with "none"
+    score: float
+    word: str  # the text's characters from start to end
+    start: int
+    end: int
+
+
+class NerResult(BaseModel):
+    index: int
+    entities: list[Entity]
+
+
+class Usage(BaseModel):
+    total_tokens: int
+
+
+class NerResponse(BaseModel):
+    object: Literal["list"] = "list"
+    model: str
+    data: list[NerResult]
+    usage: Usage
+
+
+def parse_request(body: dict[str, Any]) -> NerRequest:
+    try:
+        return NerRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or len(err["loc"]) > 1)
+        raise InvalidRequestError(f"{where or 'body'}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+def _schemas() -> dict[str, Any]:
+    _, doc = models_json_schema(
+        [(NerRequest, "validation"), (NerResponse, "serialization")], ref_template="#/components/schemas/{model}"
+    )
+    return dict(doc["$defs"])
+
+
+# ---------------------------------------------------------------- words and entities
+
+
+def _split(label: str) -> tuple[str, str]:
+    """(B or I, entity type): `B-PER` -> (B, PER); a plain tag continues a run of itself."""
+    if label[:2] in ("B-", "I-"):
+        return label[0], label[2:]
+    return "I", label
+
+
+def tag(text: str, encoding: Any, probs: np.ndarray, labels: Sequence[str], aggregation: str) -> list[Entity]:
+    """The entities of one text from its tokenizer encoding (word ids, character offsets) and its
+    `[tokens, labels]` probabilities; tokens labelled `O` and special tokens are left out."""
+    best = probs.argmax(axis=1)
+    tokens = [
+        (t, w, s, e)
+        for t, (w, (s, e)) in enumerate(zip(encoding.word_ids, encoding.offsets, strict=True))
+        if w is not None
+    ]
+    if aggregation == "none":
+        return [
+            Entity(entity=labels[best[t]], score=float(probs[t, best[t]]), word=text[s:e], start=s, end=e)
+            for t, _, s, e in tokens
+            if labels[best[t]] != "O"
+        ]
+    words: list[list[Any]] = []  # [word id, label, score, start, end]: a word takes its first token's label
+    for t, w, s, e in tokens:
+        if words and words[-1][0] == w:
+            words[-1][4] = e
+        else:
+            words.append([w, labels[best[t]], float(probs[t, best[t]]), s, e])
+    entities: list[Entity] = []
+    run: list[list[Any]] = []
+
+    def close() -> None:
+        if run:
+            start, end = run[0][3], run[-1][4]
+            score = float(np.mean([w[2] for w in run]))
+            entities.append(
+                Entity(entity=_split(run[0][1])[1], score=score, word=text[start:end], start=start, end=end)
+            )
+            run.clear()
+
+    for word in words:
+        if word[1] == "O":
+            close()
+            continue
+        prefix, kind = _split(word[1])
+        if not (prefix == "I" and run and _split(run[-1][1])[1] == kind):
+            close()
+        run.append(word)
+    close()
+    return entities
+
+
+# ---------------------------------------------------------------- the runtime
+
+
+class TokenTaggerBackend(TextEmbeddingBackend):
+    """Token ids in, `[width, labels]` rows out: each text's per-token probabilities, PAD past its
+    tokens up to the bundle's max length, so rows of every batch and bucket stack."""
+
+    def __init__(self, session: Any, input_names: Sequence[str], pad_token_id: int, width: int, labels: int) -> None:
+        super().__init__(session, input_names, pad_token_id, labels)
+        self.width = width
+
+    def run(self, payloads: Sequence[np.ndarray]) -> np.ndarray:
+        probs = self.session.run(None, self.feeds(payloads))[0]
+        out = np.full((len(payloads), self.width, probs.shape[-1]), PAD, dtype=np.float32)
+        for row, tokens in enumerate(payloads):
+            out[row, : len(tokens)] = probs[row, : len(tokens)]
+        return out
+
+
+def _backend(session: Any, fields: dict[str, Any]) -> TokenTaggerBackend:
+    settings = fields["task_settings"]
+    tokenizer = settings["tokenizer"]
+    return TokenTaggerBackend(
+        session,
+        tokenizer["model_input_names"],
+        int(tokenizer["pad_token_id"]),
+        int(tokenizer["max_length"]),
+        len(settings["labels"]),
+    )
+
+
+class TokenClassificationRuntime:
+    output_name = "probabilities"
+
+    def __init__(self, ctx: LoadContext) -> None:
+        manifest, config = ctx.manifest, ctx.config
+        settings = manifest.task_settings
+        if not isinstance(settings, TokenClassificationSettings):
+            raise ValueError(f"not a token-classification bundle: {manifest.task}")
+        self.labels = settings.labels
+        self.aggregation = settings.aggregation
+        self.max_items = config.max_items
+        tokenizer = settings.tokenizer
+        self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
+        self.output_dim = len(self.labels)
+        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.batching = f"buckets {self.encoder.buckets}"
+        self._probe = probe_prepare(manifest.model_dump(), ctx.files)
+
+    def item_cost(self) -> tuple[None, float]:
+        return None, float("inf")
+
+    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
+        return list(self.encoder.warm_up_batches(max_batch_size))
+
+    def probe_prepare(self) -> Prepare:
+        return self._probe
+
+    def _tokenize(self, texts: list[str]) -> tuple[list[Any], Encoded]:
+        encodings = self.encoder.tokenizer.encode_batch(list(self.encoder.bound(texts)))
+        return encodings, self.encoder.from_ids([e.ids for e in encodings])
+
+    async def tokenize(self, texts: list[str], where: str) -> tuple[list[str], list[Any], Encoded]:
+        """(the texts as tokenized, after --max-text-chars; their encodings; the payloads)."""
+        if len(texts) > self.max_items:
+            raise PayloadTooLargeError(f"{where} has {len(texts)} items; the limit is {self.max_items}")
+        if sum(len(t) for t in texts) <= INLINE_CHARS:
+            encodings, encoded = self._tokenize(texts)
+        else:
+            encodings, encoded = await asyncio.to_thread(self._tokenize, texts)
+        return list(self.encoder.bound(texts)), encodings, encoded
+
+    def v2_inputs(self) -> list[dict[str, Any]]:
+        return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+
+    def v2_outputs(self) -> list[dict[str, Any]]:
+        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, -1, self.output_dim]}]
+
+    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        _, _, encoded = await self.tokenize(v2_texts(tensor), "inputs[0].data")
+        return encoded.payloads, encoded.buckets
+
+    def routes(self) -> list[RouteSpec]:
+        return [
+            RouteSpec(
+                path="/v1/ner",
+                method="POST",
+                handler=recognize,
+                summary="Tag texts: their entities (or labelled tokens) with character offsets",
+                operation_id="recognizeEntities",
+                request_schema="NerRequest",
+                request_example={"input": ["Ada Lovelace worked with Charles Babbage in London."]},
+                response_schema="NerResponse",
+                errors=(400, 404, 413, 415, 429, 503, 504),
+            )
+        ]
+
+    def schemas(self) -> dict[str, Any]:
+        return _schemas()
+
+    def describe(self) -> str:
+        return "token classification (named entities): /v1/ner and the Open Inference Protocol v2"
+
+
+async def recognize(request: Request) -> Response:
+    runtime: TokenClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
+    service = service_of(request)
+    body = parse_request(await read_json_object(request))
+    if body.model is not None:
+        check_model(request, body.model, None)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    texts, encodings, encoded = await runtime.tokenize(texts, "input")
+    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    aggregation = body.aggregation or runtime.aggregation
+    data = [
+        NerResult(index=i, entities=tag(text, enc, rows[i, : len(enc.ids)], runtime.labels, aggregation))
+        for i, (text, enc) in enumerate(zip(texts, encodings, strict=True))
+    ]
+    answer = NerResponse(model=service.model_name, data=data, usage=Usage(total_tokens=encoded.tokens))
+    return json_response(answer.model_dump())
+
+
+def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]) -> dict[str, float]:
+    return token_metrics(reference, candidate)
+
+
+TASK = ServingTask(
+    name="token-classification",
+    open=TokenClassificationRuntime,
+    probe_prepare=probe_prepare,
+    backend=_backend,
+    probe_metrics=_metrics,
+)
