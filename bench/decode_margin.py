@@ -48,7 +48,9 @@ def measure(weights: Path, margins: list[float], images: int) -> dict[str, Any]:
     from serving.images import ImageDecoder
 
     torch.set_num_threads(1)
-    spec = ExportSpec(source="mobilenet_v3_small", task="image-classification", name="m", weights=str(weights))
+    spec = ExportSpec(
+        source="mobilenet_v3_small", task="image-classification", name="m", options={"weights": str(weights)}
+    )
     pre = preprocessing_spec(spec)
     classifier = Classifier(load_network(spec.source, spec.weights)[0]).eval()
     out: dict[str, Any] = {}

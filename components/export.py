@@ -12,10 +12,7 @@ def export_model(
     source_versions: str,
     task: str,
     name: str,
-    max_length: int,
-    weights: str,
-    labels: str,
-    preprocessing: dict,
+    task_options: dict,
     exported: Output[Model],
     metrics: Output[Metrics],
     allow_degenerate_reference: bool = False,
@@ -29,12 +26,10 @@ def export_model(
         source_versions: The resolve step's pins (the content each source held when the run started).
         task: The task, e.g. text-embedding or image-classification (each is serving/contracts/<task>.py).
         name: The bundle name; empty for the model's own name.
-        max_length: Token limit of text models; 0 for the model's own.
-        weights: Image models: a state-dict file (a path, or a URI of a .safetensors file); empty
-            for random weights.
-        labels: Image models: a labels file (a path or URI), one per line; empty for the weights' categories.
-        preprocessing: Image models: overrides of resize_size, crop_size, mean and std, and
-            validation_images / calibration_images (directories of photos, as the step sees them).
+        task_options: The task's options ({} for its defaults; each task's are its contract's,
+            serving/contracts/<task>.py): text tasks max_length; image models weights and labels
+            (a path or URI), resize_size, crop_size, mean, std, validation_images and
+            calibration_images (directories of photos, as the step sees them).
         exported: Directory with model.onnx, reference.npz, export.json and the tokenizer.
         metrics: export.nodes, export.mb, export.seconds, torch.p50_ms.<shape>.
         allow_degenerate_reference: Build even when the PyTorch outputs barely vary (random
@@ -49,10 +44,7 @@ def export_model(
     params = {
         "task": task,
         "name": name,
-        "max_length": max_length,
-        "weights": weights,
-        "labels": labels,
-        "preprocessing": preprocessing,
+        "task_options": task_options,
         "allow_degenerate_reference": allow_degenerate_reference,
     }
     out = run_export_step(Path(exported.path), model_uri=model_uri, source_versions=source_versions, params=params)

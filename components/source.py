@@ -6,23 +6,26 @@ from components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
-def resolve_source(model_uri: str, weights: str, labels: str) -> str:
-    """Ask the store what the model (and a weights or labels file) is now, cheaply: the commit of
+def resolve_source(model_uri: str, task: str, task_options: dict) -> str:
+    """Ask the store what the model (and the files the task's options name: an image model's
+    weights and labels) is now, cheaply: the commit of
     an hf:// revision, the ETags under an s3:// prefix, an https ETag or sha256, a local tree's
     sha256. Never cached, so a changed checkpoint at the same URI changes the export's inputs.
 
     Args:
         model_uri: The pipeline's model_uri.
-        weights: The pipeline's weights (a path or URI; empty for none).
-        labels: The pipeline's labels (a path or URI; empty for none).
+        task: The pipeline's task.
+        task_options: The pipeline's task_options (the files among them are pinned).
 
     Returns:
         `model=...;weights=...;labels=...`, the export step's pins.
     """
     from components.core.logs import log_to_stdout
     from components.core.sources import resolve_source_versions
+    from serving.contracts import get_contract
 
     log_to_stdout()
-    versions = resolve_source_versions(model_uri, weights, labels)
+    files = {key: str(task_options.get(key) or "") for key in get_contract(task).options.FILES}
+    versions = resolve_source_versions(model_uri, **files)
     print(f"source: {versions}")
     return versions

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -73,23 +74,62 @@ def _floats3(value: str) -> tuple[float, float, float]:
     return numbers  # type: ignore[return-value]
 
 
+# The task options that have a flag of their own (every option also has `--task-option KEY=VALUE`)
+OPTION_FLAGS = (
+    "max_length",
+    "weights",
+    "labels",
+    "resize_size",
+    "crop_size",
+    "mean",
+    "std",
+    "validation_images",
+    "calibration_images",
+)
+
+
+def _task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The task options given: their own flags, then `--task-option KEY=VALUE` (VALUE read as
+    JSON when it parses, else as a string); the task's contract checks them (`export_parameters`)."""
+    from components.core.errors import InvalidSpecError
+
+    given = {key: getattr(args, key) for key in OPTION_FLAGS if getattr(args, key, None) is not None}
+    for item in getattr(args, "task_option", None) or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InvalidSpecError(f"--task-option {item!r} must look like KEY=VALUE (max_length=128)")
+        if key in given:
+            raise InvalidSpecError(f"--task-option {key} is given twice (or also by its own flag)")
+        try:
+            given[key] = json.loads(raw)
+        except ValueError:
+            given[key] = raw
+    return given
+
+
 def _model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[str, Any]:
     """The export parameters of a command's model options (components.core.build: one mapping
     from options to specs, shared with the pipeline's export step). `local`: directories of photos
     must exist here, and are named by absolute path (steps may run in another directory)."""
     from components.core.build import export_parameters
     from components.core.errors import InvalidSpecError
-    from components.core.specs import TASK_OPTIONS
+    from serving.contracts import get_contract
 
-    options = ("task", "name", *TASK_OPTIONS, "allow_degenerate_reference")
-    params = export_parameters(**{k: getattr(args, k) for k in options})
-    for key in ("validation_images", "calibration_images"):
-        value = params["preprocessing"].get(key)
+    params = export_parameters(
+        task=args.task,
+        name=args.name,
+        task_options=_task_options(args),
+        allow_degenerate_reference=args.allow_degenerate_reference,
+    )
+    options = params["task_options"]
+    for key in get_contract(args.task).options.DIRECTORIES:
+        value = options.get(key)
         if value and local:
             path = Path(value).expanduser()
             if not path.is_dir():
                 raise InvalidSpecError(f"--{key.replace('_', '-')}: not a directory: {value}")
-            params["preprocessing"][key] = str(path.resolve())
+            options[key] = str(path.resolve())
     return params
 
 
@@ -99,10 +139,13 @@ def export_spec(args: argparse.Namespace) -> Any:
     from components.core.build import export_spec_from_parameters
     from components.core.sources import check_local_file
     from components.core.tasks import resolve_model_source
+    from serving.contracts import get_contract
 
     params = _model_parameters(args)
-    params["weights"] = check_local_file(args.weights, "weights") or ""
-    params["labels"] = check_local_file(args.labels, "labels") or ""
+    options = params["task_options"]
+    for key in get_contract(args.task).options.FILES:  # weights, labels: files on this machine
+        if options.get(key):
+            options[key] = check_local_file(options[key], key)
     source, default_name = resolve_model_source(args.model, args.task)
     return export_spec_from_parameters(params, source=source, default_name=default_name)
 
@@ -148,17 +191,19 @@ def _pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[
     from components.core.errors import InvalidSpecError
     from components.core.sources import check_local_file, check_uri, default_name, is_remote
     from components.core.tasks import resolve_model_source
+    from serving.contracts import get_contract
 
     model = args.model.strip()
     if not model:
         raise InvalidSpecError("--model is empty")
     params = _model_parameters(args, local=local)
-    for key in ("weights", "labels"):
-        value = getattr(args, key)
+    options = params["task_options"]
+    for key in get_contract(args.task).options.FILES:  # weights, labels: a URI the export step fetches
+        value = options.get(key)
         if value and is_remote(value):
             check_uri(value)
         elif value and local:
-            params[key] = check_local_file(value, key) or ""
+            options[key] = check_local_file(value, key)
     if is_remote(model):
         check_uri(model)
         source, name = model, default_name(model)
@@ -370,6 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.runner == "docker":
         from components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
         from pipelines.local import docker_runner, stage_local_inputs
+        from serving.contracts import get_contract
 
         try:
             image = check_image(args.component_image or os.environ.get(IMAGE_ENV) or COMPONENT_IMAGE)
@@ -377,11 +423,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise InvalidSpecError(str(exc)) from None
         runner = docker_runner(image, run_id)
         root = Path(args.pipeline_root)
-        arguments = stage_local_inputs(
-            arguments, ("model_uri", "weights", "labels", "sign_key", "baseline_bundle"), root
-        )
-        arguments["preprocessing"] = stage_local_inputs(
-            arguments["preprocessing"], ("validation_images", "calibration_images"), root
+        arguments = stage_local_inputs(arguments, ("model_uri", "sign_key", "baseline_bundle"), root)
+        kind = get_contract(str(arguments["task"])).options
+        arguments["task_options"] = stage_local_inputs(
+            arguments["task_options"], (*kind.FILES, *kind.DIRECTORIES), root
         )
     log.info(
         "running the %s pipeline locally (kfp.local, %s) for %s %s: %s",
@@ -864,6 +909,13 @@ def _add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         metavar="DIR",
         help="image models: a directory of photos static int8 is calibrated on, apart from the validation "
         "photos (default: generated images)",
+    )
+    p.add_argument(
+        "--task-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the task, by its name in the task's contract (serving/contracts/<task>.py), "
+        "e.g. max_length=128; VALUE is read as JSON when it parses (repeatable)",
     )
     p.add_argument(
         "--allow-degenerate-reference",

@@ -154,10 +154,7 @@ def make_pipeline(
         model_uri: str = "all-MiniLM-L6-v2",
         task: str = DEFAULT_TASK,
         name: str = "",
-        max_length: int = 0,
-        weights: str = "",
-        labels: str = "",
-        preprocessing: dict = {},  # noqa: B006 - KFP reads defaults from the signature
+        task_options: dict = {},  # noqa: B006 - KFP reads defaults from the signature
         cpu_precisions: list = DEFAULT_PRECISIONS["cpu"] if has_cpu else [],
         cuda_precisions: list = DEFAULT_PRECISIONS["cuda"] if has_cuda else [],
         thresholds: dict = {},  # noqa: B006 - KFP reads defaults from the signature
@@ -194,11 +191,12 @@ def make_pipeline(
                 PACKAGE.MODULE:FACTORY (importable in the image) or a torch.export FILE.pt2.
             task: The task, e.g. text-embedding or image-classification (each is serving/contracts/<task>.py).
             name: Bundle name (empty: the model's own).
-            max_length: Token limit of text models (0: the model's own).
-            weights: Image models: a state-dict file (path, or URI of a .safetensors file; empty: random).
-            labels: Image models: a labels file, path or URI (empty: the weights' categories).
-            preprocessing: Image models: overrides of resize_size, crop_size, mean, std, and
-                validation_images / calibration_images (directories of photos, as the step sees them).
+            task_options: The task's options, {} for its defaults (each task's are its contract's,
+                serving/contracts/<task>.py). Text tasks: max_length (the model's own when not
+                given). Image models: weights (a state-dict file, path or URI of a .safetensors
+                file; default random), labels (a file, path or URI; default the weights'
+                categories), resize_size, crop_size, mean, std, and validation_images /
+                calibration_images (directories of photos, as the step sees them).
             cpu_precisions: Precisions to build for the cpu target (fp32, int8).
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
@@ -241,17 +239,14 @@ def make_pipeline(
                 where GPU Feature Discovery runs (empty: none).
         """
         p = dict(locals())
-        resolved = resolve_source(model_uri=model_uri, weights=weights, labels=labels)
+        resolved = resolve_source(model_uri=model_uri, task=task, task_options=task_options)
         cached(resolved.set_display_name("resolve source"), False)
         exported = export_model(
             model_uri=model_uri,
             source_versions=resolved.output,
             task=task,
             name=name,
-            max_length=max_length,
-            weights=weights,
-            labels=labels,
-            preprocessing=preprocessing,
+            task_options=task_options,
             allow_degenerate_reference=allow_degenerate_reference,
         )
         cached(exported.set_display_name("export"))

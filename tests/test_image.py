@@ -36,7 +36,12 @@ def image_export(image_weights: Path, tmp_path_factory: pytest.TempPathFactory) 
 
     out = tmp_path_factory.mktemp("image-export") / "export"
     export_model(
-        ExportSpec(source="mobilenet_v3_small", task="image-classification", name="mnv3s", weights=str(image_weights)),
+        ExportSpec(
+            source="mobilenet_v3_small",
+            task="image-classification",
+            name="mnv3s",
+            options={"weights": str(image_weights)},
+        ),
         out,
     )
     return out
@@ -173,10 +178,7 @@ def test_preprocessing_spec_of_every_supported_model() -> None:
             source="resnet18",
             task="image-classification",
             name="x",
-            resize_size=300,
-            crop_size=288,
-            mean=(0.5, 0.5, 0.5),
-            std=(0.25, 0.25, 0.25),
+            options={"resize_size": 300, "crop_size": 288, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)},
         )
     )
     assert (override["resize_size"], override["crop_size"], override["mean"]) == (300, 288, (0.5, 0.5, 0.5))
@@ -688,7 +690,7 @@ def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
 
     weights = make_image_weights("efficientnet_b0", tmp_path / "b0.safetensors")
     export_model(
-        ExportSpec(source="efficientnet_b0", task="image-classification", name="b0", weights=str(weights)),
+        ExportSpec(source="efficientnet_b0", task="image-classification", name="b0", options={"weights": str(weights)}),
         tmp_path / "export",
     )
     optimize_model(tmp_path / "export", VariantSpec(target="cpu", precision="fp32"), tmp_path / "fp32")

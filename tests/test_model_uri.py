@@ -330,7 +330,7 @@ def test_export_step_records_the_uri_and_digest(tiny_bert: Path, http_server: st
         tmp_path / "export",
         model_uri=uri,
         source_versions=resolve_source_versions(uri),
-        params=export_parameters(task="text-embedding", max_length=32),
+        params=export_parameters(task="text-embedding", task_options={"max_length": 32}),
     )
     record = ExportResult.load(tmp_path / "export")
     assert record.name == "tiny-bert" and out.metadata["name"] == "tiny-bert"

@@ -62,7 +62,9 @@ def test_mpnet_fp32_and_int8_pass_on_real_weights(tmp_path: Path) -> None:
 
     source = mpnet_dir()
     spec = BuildSpec(
-        export=ExportSpec(source=str(source), task="text-embedding", name="all-mpnet-base-v2", max_length=MAX_LENGTH),
+        export=ExportSpec(
+            source=str(source), task="text-embedding", name="all-mpnet-base-v2", options={"max_length": MAX_LENGTH}
+        ),
         variants=tuple(variant_grid(["cpu"], ["fp32", "int8"])),
         int8_recipe=RECIPE,
     )

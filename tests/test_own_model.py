@@ -22,7 +22,8 @@ def _export(source: str, tmp_path: Path, **options: object) -> object:
     from components.core.export import export_model
     from components.core.specs import ExportSpec
 
-    spec = ExportSpec(source=source, task="image-classification", name="own", crop_size=64, resize_size=72, **options)
+    given = {"crop_size": 64, "resize_size": 72, **options}
+    spec = ExportSpec(source=source, task="image-classification", name="own", options=given)
     return export_model(spec, tmp_path / "export")
 
 
@@ -54,7 +55,9 @@ def test_an_exported_program_builds_and_serves(tmp_path: Path) -> None:
 
     path = _program(tmp_path, tiny_net(), torch.zeros(2, 3, 64, 64))
     spec = BuildSpec(
-        export=ExportSpec(source=str(path), task="image-classification", name="prog", crop_size=64, resize_size=72),
+        export=ExportSpec(
+            source=str(path), task="image-classification", name="prog", options={"crop_size": 64, "resize_size": 72}
+        ),
         variants=tuple(variant_grid(["cpu"], ["fp32"])),
     )
     build_bundle(spec, tmp_path / "dist")

@@ -47,13 +47,15 @@ def test_variant_spec_rejects_precision_the_target_lacks() -> None:
     [
         ({"task": "translation"}, "unknown task 'translation'"),
         ({"name": "../evil"}, "invalid bundle name"),
-        ({"max_length": 1}, "max_length must be in"),
+        ({"options": {"max_length": 1}}, "max_length: Input should be greater than 1"),
+        ({"options": {"labels": "x", "weights": "w"}}, "--labels and --weights do not apply to task 'text-embedding'"),
+        ({"task": "image-classification", "options": {"resize_size": 4}}, "resize_size: Input should be greater than"),
+        ({"task": "image-classification", "options": {"mean": [1, 2]}}, "mean"),
         ({"opset": 9}, "opset must be in"),
     ],
 )
 def test_export_spec_rejects(kwargs: dict[str, object], message: str) -> None:
-    """Its own values at construction; the task's checks in check_export_spec (every entry point
-    runs it before any work)."""
+    """Its own values and the task's options (against the task's contract) at construction."""
     fields = {"source": "x", "task": "text-embedding", "name": "ok"} | kwargs
     with pytest.raises(InvalidSpecError, match=message):
         check_export_spec(ExportSpec(**fields))  # type: ignore[arg-type]

@@ -110,7 +110,7 @@ def test_cls_pooling_without_normalisation_is_exported(tmp_path: Path) -> None:
 
     src = make_tiny_bert(tmp_path / "cls", pooling="cls", normalize=False, seed=1)
     result = export_model(
-        ExportSpec(source=str(src), task="text-embedding", name="cls", max_length=32), tmp_path / "out"
+        ExportSpec(source=str(src), task="text-embedding", name="cls", options={"max_length": 32}), tmp_path / "out"
     )
     assert result.task_settings["pooling"] == {"mode": "cls", "normalize": False}
     ref = np.load(tmp_path / "out" / "reference.npz")

@@ -134,6 +134,7 @@ def test_ner_route_matches_the_transformers_pipeline(tagger: tuple[Path, Path], 
         assert all(e["word"] == text[e["start"] : e["end"]] for e in item["entities"])
         found += len(got)
     assert found > 0  # the random head labels some words as entities
+    assert verify_bundle(tagger[1]).task_settings.aggregation == "first"  # the bundle's default
     tokens = httpx.post(f"{tagger_server.url}/v1/ner", json={"input": TEXTS[0], "aggregation": "none"}).json()
     labels = {e["entity"] for e in tokens["data"][0]["entities"]}
     assert labels and labels <= set(LABELS) - {"O"}
@@ -182,3 +183,17 @@ def test_trained_trunk_tagger_int8_gate(tmp_path: Path) -> None:
     int8 = manifest.variant("cpu-int8").parity
     assert int8.passed and int8.values["token_agreement"] >= 0.85
     assert manifest.variant("cpu-fp32").parity.values["token_agreement"] == 1.0
+
+
+def test_the_task_owns_its_options() -> None:
+    """`aggregation` is token-classification's own option: no flag or shared field was added for it."""
+    from components.core.errors import InvalidSpecError
+    from components.core.specs import ExportSpec
+    from serving.contracts.token_classification import TokenOptions
+
+    spec = ExportSpec(source="x", task="token-classification", name="t", options={"aggregation": "none"})
+    assert spec.options_as(TokenOptions).aggregation == "none"
+    with pytest.raises(InvalidSpecError, match="aggregation: Input should be 'first' or 'none'"):
+        ExportSpec(source="x", task="token-classification", name="t", options={"aggregation": "max"})
+    with pytest.raises(InvalidSpecError, match="--aggregation does not apply to task 'text-embedding'"):
+        ExportSpec(source="x", task="text-embedding", name="t", options={"aggregation": "none"})

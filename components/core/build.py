@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.core.errors import InvalidSpecError
-from components.core.specs import TASK_OPTIONS, BuildSpec, ExportSpec
-from components.core.tasks import check_build_spec, check_task_options, thresholds_for
+from components.core.specs import BuildSpec, ExportSpec
+from components.core.specs import task_options as task_options_of
+from components.core.tasks import check_build_spec, thresholds_for
 
 if TYPE_CHECKING:
     from components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
@@ -39,10 +40,6 @@ log = logging.getLogger("ortpack.build")
 # tries (the export step itself is not retried by the pipeline: a refusal must end the run at once)
 FETCH_ATTEMPTS, FETCH_BACKOFF_S = 3, (5.0, 20.0)
 
-# image options that travel in the pipeline's `preprocessing` parameter (one dict)
-PREPROCESSING_KEYS = ("resize_size", "crop_size", "mean", "std", "validation_images", "calibration_images")
-
-
 # ---------------------------------------------------------------------------- options <-> specs
 
 
@@ -50,65 +47,29 @@ def export_parameters(
     *,
     task: str,
     name: str | None = None,
-    max_length: int | None = None,
-    weights: str | None = None,
-    labels: str | None = None,
-    resize_size: int | None = None,
-    crop_size: int | None = None,
-    mean: tuple[float, ...] | None = None,
-    std: tuple[float, ...] | None = None,
-    validation_images: str | None = None,
-    calibration_images: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
     allow_degenerate_reference: bool = False,
 ) -> dict[str, Any]:
     """The export step's pipeline parameters for these model options (KFP parameters have no
-    None: "" and 0 mean "not given", and preprocessing overrides travel as one dict)."""
-    given = {
-        "resize_size": resize_size,
-        "crop_size": crop_size,
-        "mean": mean,
-        "std": std,
-        "validation_images": validation_images,
-        "calibration_images": calibration_images,
-    }
+    None: "" means "not given"); the task's options are checked against its contract and travel
+    as one dict of the options given (`task_options`)."""
+    options = task_options_of(task, {k: v for k, v in (task_options or {}).items() if v is not None})
     return {
         "task": task,
         "name": name or "",
-        "max_length": max_length or 0,
-        "weights": weights or "",
-        "labels": labels or "",
-        "preprocessing": {k: list(v) if isinstance(v, tuple) else v for k, v in given.items() if v},
+        "task_options": options.given(),
         "allow_degenerate_reference": bool(allow_degenerate_reference),
     }
 
 
 def export_spec_from_parameters(params: Mapping[str, Any], *, source: str, default_name: str) -> ExportSpec:
-    """The ExportSpec of the export step's parameters (`export_parameters`); validated, the task
-    and the options it reads included (`tasks.check_task_options`), so a bad value fails here,
-    before any heavy work."""
-    pre = dict(params.get("preprocessing") or {})
-    unknown = sorted(set(pre) - set(PREPROCESSING_KEYS))
-    if unknown:
-        raise InvalidSpecError(f"unknown preprocessing key {unknown[0]!r} (known: {', '.join(PREPROCESSING_KEYS)})")
-    task = str(params["task"])
-    options: dict[str, Any] = {
-        "max_length": int(params.get("max_length") or 0) or None,
-        "weights": str(params.get("weights") or "") or None,
-        "labels": str(params.get("labels") or "") or None,
-        "resize_size": pre.get("resize_size"),
-        "crop_size": pre.get("crop_size"),
-        "mean": tuple(pre["mean"]) if pre.get("mean") else None,
-        "std": tuple(pre["std"]) if pre.get("std") else None,
-        "validation_images": str(pre.get("validation_images") or "") or None,
-        "calibration_images": str(pre.get("calibration_images") or "") or None,
-    }
-    # the task's checks first, as ExportSpec made them when it consulted the registry itself
-    check_task_options(task, [key for key in TASK_OPTIONS if options[key] is not None])
+    """The ExportSpec of the export step's parameters (`export_parameters`); validated (the task
+    and its options against its contract), so a bad value fails here, before any heavy work."""
     return ExportSpec(
         source=source,
-        task=task,
+        task=str(params["task"]),
         name=str(params.get("name") or default_name),
-        **options,
+        options=dict(params.get("task_options") or {}),
         allow_degenerate_reference=bool(params.get("allow_degenerate_reference", False)),
     )
 
@@ -246,6 +207,7 @@ def run_export_step(
         tree_digest,
     )
     from components.core.tasks import resolve_model_source
+    from serving.contracts import get_contract
 
     loaded = load_credentials()
     if loaded:
@@ -260,11 +222,13 @@ def run_export_step(
             log.info("export: fetching %s", model_uri)
             fetched = fetch_with_retries(model_uri, fetch_root / "model", pinned=pins.get("model", ""))
             model = str(fetched.path)
-        for key in ("weights", "labels"):
-            if is_remote(params.get(key)):
-                log.info("export: fetching %s", params[key])
-                fetched_file = fetch_with_retries(params[key], fetch_root / key, kind=key, pinned=pins.get(key, ""))
-                params[key] = str(fetched_file.path)
+        options = dict(params.get("task_options") or {})
+        for key in get_contract(str(params["task"])).options.FILES:  # weights, labels: a URI is fetched
+            if is_remote(options.get(key)):
+                log.info("export: fetching %s", options[key])
+                fetched_file = fetch_with_retries(options[key], fetch_root / key, kind=key, pinned=pins.get(key, ""))
+                options[key] = str(fetched_file.path)
+        params["task_options"] = options
         source, name = resolve_model_source(model, str(params["task"]))
         if fetched is not None:
             name = default_name(model_uri)

@@ -631,11 +631,12 @@ def default_name(value: str) -> str:
     return name or "model"
 
 
-def resolve_source_versions(model_uri: str, weights: str = "", labels: str = "") -> str:
-    """The resolve step: `source_version` of the model and of a weights or labels file, as
-    `model=...;weights=...;labels=...` (what the export step's cache key and pins see)."""
+def resolve_source_versions(model_uri: str, **files: str) -> str:
+    """The resolve step: `source_version` of the model and of the files the task's options name
+    (an image model's weights and labels), as `model=...;weights=...;labels=...` (what the export
+    step's cache key and pins see)."""
     load_credentials()
-    parts = {"model": model_uri, "weights": weights, "labels": labels}
+    parts = {"model": model_uri, **files}
     return ";".join(f"{key}={source_version(value)}" for key, value in parts.items() if value)
 
 

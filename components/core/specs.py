@@ -1,10 +1,10 @@
 """Frozen specs: what to export, which variants to build, and the parity thresholds.
 
-Each spec checks its own values in `__post_init__`. What only the task family knows (the task
-exists, the options apply to it, its default gates, its int8 recipes) is checked by
-`components.core.tasks.check_export_spec` / `check_build_spec`, which `export_model`,
-`build_bundle` and the command line run before any heavy work: this module does not import the
-task registry. Nothing here imports torch or onnxruntime.
+Each spec checks its own values in `__post_init__`, the task's options against the task's
+contract (serving/contracts/<task>.py). What only the task family knows (its default gates, its
+int8 recipes) is checked by `components.core.tasks.check_build_spec`, which `build_bundle` and
+the command line run before any heavy work: this module does not import the families. Nothing
+here imports torch or onnxruntime.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
-from components.core.errors import InvalidSpecError, did_you_mean
+from pydantic import ValidationError
+
+from components.core.errors import InvalidSpecError, and_list, did_you_mean
+from serving.contracts import TaskOptions, UnknownTaskError, contract_names, get_contract
 from serving.gates import GateTable, gate
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
@@ -120,58 +123,71 @@ def variant_grid(targets: list[str], precisions: list[str]) -> list[VariantSpec]
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# ExportSpec fields that only some tasks read (each family lists its own in `options`)
-TASK_OPTIONS = (
-    "max_length",
-    "weights",
-    "labels",
-    "resize_size",
-    "crop_size",
-    "mean",
-    "std",
-    "validation_images",
-    "calibration_images",
-)
+T = TypeVar("T", bound=TaskOptions)
+
+
+def task_options(task: str, given: Mapping[str, Any] | TaskOptions) -> TaskOptions:
+    """The task's typed options (its contract's model, serving/contracts/<task>.py) from `given`;
+    an unknown task, an option the task does not read or a bad value is one InvalidSpecError."""
+    try:
+        kind = get_contract(task).options
+    except UnknownTaskError:
+        raise InvalidSpecError(f"{unknown_task(task)}") from None
+    if isinstance(given, kind):
+        return given
+    if isinstance(given, TaskOptions):
+        given = given.given()
+    foreign = [key for key in given if key not in kind.model_fields]
+    if foreign:
+        flags = and_list(["--" + key.replace("_", "-") for key in foreign])
+        verb = "does" if len(foreign) == 1 else "do"
+        raise InvalidSpecError(f"{flags} {verb} not apply to task {task!r}")
+    try:
+        return kind.model_validate(dict(given))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise InvalidSpecError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def unknown_task(task: str) -> str:
+    names = contract_names()
+    return f"unknown task {task!r} (known: {', '.join(names)}){did_you_mean(task, names)}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExportSpec:
-    """What to export: a model source for a task.
+    """What to export: a model source for a task, and the task's own options.
 
-    `source` is a Hugging Face checkpoint directory for `text-embedding`, or for
-    `image-classification` a torchvision model name, `PACKAGE.MODULE:FACTORY` or a `.pt2` file
-    (with `weights` a local state-dict file or None for random initialisation, and optionally
-    directories of the user's own photos to validate and calibrate on).
+    `source` is a Hugging Face checkpoint directory for the text tasks, or for
+    `image-classification` a torchvision model name, `PACKAGE.MODULE:FACTORY` or a `.pt2` file.
+    `options` are the task's (`task_options`): a mapping is checked and typed here, so an option
+    the task does not read, or a bad value, fails at construction.
     """
 
     source: str
     task: str
     name: str
-    max_length: int | None = None
+    options: Mapping[str, Any] | TaskOptions = field(default_factory=dict)
     opset: int = 17
-    weights: str | None = None
-    labels: str | None = None
-    resize_size: int | None = None
-    crop_size: int | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    validation_images: str | None = None  # a directory of photos the gate runs (image tasks)
-    calibration_images: str | None = None  # a directory of photos static int8 is calibrated on
     seed: int = 0
     # Build even when the PyTorch reference barely varies (random weights): parity is then vacuous.
     allow_degenerate_reference: bool = False
 
     def __post_init__(self) -> None:
-        # the task and the options it reads: components.core.tasks.check_export_spec
         if not _NAME.match(self.name):
             raise InvalidSpecError(f"invalid bundle name {self.name!r}: use letters, digits, '.', '_' and '-'")
-        if self.max_length is not None and not 1 < self.max_length <= 8192:
-            raise InvalidSpecError(f"max_length must be in 2..8192, got {self.max_length}")
         if not 13 <= self.opset <= 23:
             raise InvalidSpecError(f"opset must be in 13..23, got {self.opset}")
-        for label, size in (("resize_size", self.resize_size), ("crop_size", self.crop_size)):
-            if size is not None and not 8 <= size <= 2048:
-                raise InvalidSpecError(f"{label} must be in 8..2048, got {size}")
+        object.__setattr__(self, "options", task_options(self.task, self.options))
+
+    def options_as(self, kind: type[T]) -> T:
+        """The options as the task's own type (its exporter knows which)."""
+        if not isinstance(self.options, kind):
+            raise TypeError(
+                f"the options of a {self.task} export are {type(self.options).__name__}, not {kind.__name__}"
+            )
+        return self.options
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from serving.contracts.base import TaskContract, TaskSettings, TextSettings, TokenizerSettings
+from serving.contracts.base import TaskContract, TaskOptions, TaskSettings, TextOptions, TextSettings, TokenizerSettings
 
 __all__ = [
     "DEFAULT_TASK",
     "TaskContract",
+    "TaskOptions",
     "TaskSettings",
+    "TextOptions",
     "TextSettings",
     "TokenizerSettings",
     "UnknownTaskError",

@@ -8,7 +8,7 @@ only: the pipeline, the server and the bundle reader all import contracts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,28 @@ if TYPE_CHECKING:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskOptions(Strict):
+    """The export options a task reads beyond its source, name and opset (`ExportSpec.options`):
+    one typed object, carried through the pipeline as the one `task_options` parameter and given
+    on the command line with its own flags or `--task-option KEY=VALUE`. An option another task
+    reads is refused by name. `FILES`: options naming a file (a path or a URI) the export step
+    fetches and pins; `DIRECTORIES`: options naming a local directory (resolved to an absolute
+    path, staged into the pipeline root for a container runner)."""
+
+    FILES: ClassVar[tuple[str, ...]] = ()
+    DIRECTORIES: ClassVar[tuple[str, ...]] = ()
+
+    def given(self) -> dict[str, Any]:
+        """The options set, as JSON values (what travels as the pipeline parameter)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class TextOptions(TaskOptions):
+    """The options of the tasks that tokenize: a token limit (default: the model's own)."""
+
+    max_length: int | None = Field(default=None, gt=1, le=8192)
 
 
 class TaskSettings(Strict):
@@ -54,13 +76,14 @@ class TextSettings(TaskSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskContract:
-    """What a task is, as data both sides read: its manifest section, the numbers that gate it
+    """What a task is, as data both sides read: its manifest section, its export options, the numbers that gate it
     (threshold name -> `serving.gates.Gate`, in the order checks and reports list them) and the
     serving plugin (`serving/tasks/<task>.py`, whose `TASK` serves it; imported by name so that
     reading a manifest never imports the server)."""
 
     name: str
     settings: type[TaskSettings]
+    options: type[TaskOptions]
     gates: GateTable
     plugin: str
 

@@ -4,11 +4,11 @@ the preprocessing's pixels."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from serving.contracts.base import Strict, TaskContract, TaskSettings
+from serving.contracts.base import Strict, TaskContract, TaskOptions, TaskSettings
 from serving.gates import ceiling, floor, gate_table
 
 
@@ -40,6 +40,28 @@ class ImagePreprocessing(Strict):
         return self
 
 
+Size = Annotated[int, Field(ge=8, le=2048)]
+
+
+class ImageOptions(TaskOptions):
+    """An image model's export options: its weights and labels (paths or URIs; default random
+    weights and the weights' categories), preprocessing overrides (default the weights' own
+    transforms, else ImageNet's) and directories of the user's photos to validate and calibrate
+    on (default generated images)."""
+
+    FILES: ClassVar[tuple[str, ...]] = ("weights", "labels")
+    DIRECTORIES: ClassVar[tuple[str, ...]] = ("validation_images", "calibration_images")
+
+    weights: str | None = None
+    labels: str | None = None
+    resize_size: Size | None = None
+    crop_size: Size | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    validation_images: str | None = None
+    calibration_images: str | None = None
+
+
 class ImageClassificationSettings(TaskSettings):
     task: Literal["image-classification"] = "image-classification"
     preprocessing: ImagePreprocessing
@@ -48,6 +70,7 @@ class ImageClassificationSettings(TaskSettings):
 
 CONTRACT = TaskContract(
     name="image-classification",
+    options=ImageOptions,
     settings=ImageClassificationSettings,
     gates=gate_table(
         ceiling("max_abs_diff"),

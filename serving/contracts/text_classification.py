@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from serving.contracts.base import Strict, TaskContract, TextSettings
+from serving.contracts.base import Strict, TaskContract, TextOptions, TextSettings
 from serving.gates import ceiling, floor, gate_table
 
 
@@ -25,6 +25,7 @@ class TextClassificationSettings(TextSettings):
 
 CONTRACT = TaskContract(
     name="text-classification",
+    options=TextOptions,
     settings=TextClassificationSettings,
     gates=gate_table(
         ceiling("max_abs_diff"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from serving.contracts.base import Strict, TaskContract, TextSettings
+from serving.contracts.base import Strict, TaskContract, TextOptions, TextSettings
 from serving.gates import ceiling, floor, gate_table
 
 
@@ -23,6 +23,7 @@ class TextEmbeddingSettings(TextSettings):
 
 CONTRACT = TaskContract(
     name="text-embedding",
+    options=TextOptions,
     settings=TextEmbeddingSettings,
     gates=gate_table(
         ceiling("max_abs_diff"),

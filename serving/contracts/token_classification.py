@@ -9,8 +9,15 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from serving.contracts.base import TaskContract, TextSettings
+from serving.contracts.base import TaskContract, TextOptions, TextSettings
 from serving.gates import ceiling, decisive_rows, floor, gate_table
+
+
+class TokenOptions(TextOptions):
+    """A tagger's export options: the token limit, and how the server aggregates tokens unless a
+    request says otherwise (`--task-option aggregation=none`; default "first")."""
+
+    aggregation: Literal["first", "none"] | None = None
 
 
 class TokenClassificationSettings(TextSettings):
@@ -24,6 +31,7 @@ class TokenClassificationSettings(TextSettings):
 
 CONTRACT = TaskContract(
     name="token-classification",
+    options=TokenOptions,
     settings=TokenClassificationSettings,
     gates=gate_table(
         ceiling("max_abs_diff"),

@@ -55,6 +55,7 @@ from components.core.validation_data import (
     render_image,
     validation_images,
 )
+from serving.contracts.image_classification import ImageOptions
 
 log = logging.getLogger("ortpack.export")
 
@@ -296,18 +297,19 @@ class Classifier(nn.Module):
 
 def preprocessing_spec(spec: ExportSpec) -> dict[str, Any]:
     """Resize, crop, mean, std and interpolation: the model's defaults (image_models.py), then flags."""
+    opts = spec.options_as(ImageOptions)
     defaults = default_preprocessing(parse_image_source(spec.source, local=False))
     interpolation = str(defaults["interpolation"])
     if interpolation not in ("bilinear", "bicubic"):
         raise ExportError(f"{spec.source} uses {interpolation} resizing; ortpack exports bilinear and bicubic")
-    resize, crop = spec.resize_size or int(defaults["resize_size"]), spec.crop_size or int(defaults["crop_size"])
+    resize, crop = opts.resize_size or int(defaults["resize_size"]), opts.crop_size or int(defaults["crop_size"])
     if crop > resize:
         raise InvalidSpecError(f"crop size {crop} is larger than the resize size {resize}")
     return {
         "resize_size": resize,
         "crop_size": crop,
-        "mean": tuple(float(v) for v in (spec.mean or defaults["mean"])),
-        "std": tuple(float(v) for v in (spec.std or defaults["std"])),
+        "mean": tuple(float(v) for v in (opts.mean or defaults["mean"])),
+        "std": tuple(float(v) for v in (opts.std or defaults["std"])),
         "interpolation": interpolation,
     }
 
@@ -494,6 +496,7 @@ def reference_decode_size(data: bytes) -> int:
 
 def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a torchvision model name) into `out_dir`; return what was written."""
+    opts = spec.options_as(ImageOptions)
     import onnx
     import torchvision
 
@@ -501,14 +504,14 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         raise InvalidSpecError(f"image models export at opset {MIN_OPSET} or later, not {spec.opset}")
     pre = preprocessing_spec(spec)
     source = parse_image_source(spec.source)
-    photos = read_image_files(spec.validation_images, "validation images") if spec.validation_images else None
-    calibration = read_image_files(spec.calibration_images, "calibration images") if spec.calibration_images else None
-    network, source_record = load_image_network(source, spec.weights, pre["crop_size"])
+    photos = read_image_files(opts.validation_images, "validation images") if opts.validation_images else None
+    calibration = read_image_files(opts.calibration_images, "calibration images") if opts.calibration_images else None
+    network, source_record = load_image_network(source, opts.weights, pre["crop_size"])
     t0 = time.perf_counter()
     classifier = Classifier(network).eval()
     with torch.inference_mode():
         classes = int(classifier(torch.zeros(1, 3, pre["crop_size"], pre["crop_size"])).shape[1])
-    labels = read_labels(spec.labels, spec.source, classes)
+    labels = read_labels(opts.labels, spec.source, classes)
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("export: %s to ONNX (opset %d) with preprocessing in the graph", spec.source, spec.opset)
     try:
@@ -531,7 +534,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         decoded = [reference_decode(f) for f in files]
         images = photo_pixel_set(decoded, pre["crop_size"])
         formats, sizes = [_format(f) for f in files], [(d.shape[1], d.shape[0]) for d in decoded]
-        log.info("export: PyTorch reference outputs on %d photos (%s)", len(files), spec.validation_images)
+        log.info("export: PyTorch reference outputs on %d photos (%s)", len(files), opts.validation_images)
     pixels, probs = reference_outputs(classifier, pre, images)
     served = np.stack([classify_pixels(classifier, pre, reference_decode(f)) for f in files])
     if not (np.isfinite(probs).all() and np.isfinite(served).all()):

@@ -35,6 +35,7 @@ from components.core.exporters.text_embedding import save_tokenizer_json, tokeni
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
+from serving.contracts import TextOptions
 
 log = logging.getLogger("ortpack.export")
 
@@ -140,15 +141,16 @@ def load_checkpoint(model_dir: Path, weights: Path, auto_class: Any, task: str) 
 
 
 def max_length_for(tokenizer: Any, config: Any, spec: ExportSpec) -> int:
-    """`spec.max_length` within the model's positions, else the tokenizer's own limit."""
+    """`max_length` within the model's positions, else the tokenizer's own limit."""
+    max_length = spec.options_as(TextOptions).max_length
     # the encoder family's position handling (RoBERTa's ids start after the padding index);
     # an architecture outside the table: a plain table of max_position_embeddings
     family = FAMILIES.get(str(config.model_type))
     limit = family.max_positions(config) if family else int(getattr(config, "max_position_embeddings", 512) or 512)
-    if spec.max_length is not None:
-        if spec.max_length > limit:
-            raise ExportError(f"max_length {spec.max_length} exceeds the model's {limit} positions")
-        return spec.max_length
+    if max_length is not None:
+        if max_length > limit:
+            raise ExportError(f"max_length {max_length} exceeds the model's {limit} positions")
+        return max_length
     return min(int(getattr(tokenizer, "model_max_length", limit) or limit), limit)
 
 

@@ -37,6 +37,7 @@ from components.core.exporters.families import EncoderFamily, family_for
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
+from serving.contracts import TextOptions
 
 log = logging.getLogger("ortpack.export")
 
@@ -238,15 +239,16 @@ def _position_limit(encoder: Any, family: EncoderFamily) -> int:
 def _max_length(
     tokenizer: Any, config: Any, pooling_config: dict[str, Any], spec: ExportSpec, family: EncoderFamily, limit: int
 ) -> int:
-    if spec.max_length is not None:
-        if spec.max_length > limit:
+    max_length = spec.options_as(TextOptions).max_length
+    if max_length is not None:
+        if max_length > limit:
             raise ExportError(
-                f"max_length {spec.max_length} is too long for this {family.model_type} model: its position "
+                f"max_length {max_length} is too long for this {family.model_type} model: its position "
                 f"table takes at most {limit} tokens (max_position_embeddings "
                 f"{getattr(config, 'max_position_embeddings', '?')}, first position id "
                 f"{family.position_offset(config)})"
             )
-        return spec.max_length
+        return max_length
     if pooling_config["max_seq_length"]:
         return min(int(pooling_config["max_seq_length"]), limit)
     model_max = int(getattr(tokenizer, "model_max_length", limit) or limit)

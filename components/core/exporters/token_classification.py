@@ -33,6 +33,7 @@ from components.core.exporters.text_embedding import save_tokenizer_json, tokeni
 from components.core.specs import ExportSpec
 from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
+from serving.contracts.token_classification import TokenOptions
 
 log = logging.getLogger("ortpack.export")
 
@@ -194,6 +195,7 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
                 "model_input_names": list(names),
             },
             "labels": labels,
+            "aggregation": spec.options_as(TokenOptions).aggregation or "first",
         },
         extra_files=["tokenizer.json"],
     )

@@ -11,19 +11,17 @@ only numpy and the library at import time; torch and onnxruntime load inside fun
 registry is cheap to consult (the CLI validates options with it before any heavy work).
 
 The checks of a spec that need the family live here too (`check_export_spec`, `check_build_spec`,
-`thresholds_for`): components.core.specs does not import the registry.
+`thresholds_for`): components.core.specs does not import the registry. A task's options are
+its contract's (serving/contracts/<task>.py: `ExportSpec` checks them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import fields
 from functools import cache
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from components.core.errors import InvalidSpecError, and_list, did_you_mean
-from components.core.specs import TASK_OPTIONS
+from components.core.errors import InvalidSpecError, did_you_mean
 from components.core.tasks.family import TaskFamily
 
 if TYPE_CHECKING:
@@ -76,22 +74,10 @@ def check_int8_recipe(task: str, recipe: str | None) -> None:
         )
 
 
-def check_task_options(task: str, given: Iterable[str]) -> None:
-    """Refuse an unknown task (naming the known ones), then the ExportSpec options in `given`
-    (field names, in field order) that the task does not read."""
-    family = get_family(task)  # an unknown task fails here, naming the known ones
-    foreign = [name for name in given if name not in family.options]
-    if foreign:
-        flags = and_list(["--" + name.replace("_", "-") for name in foreign])
-        verb = "does" if len(foreign) == 1 else "do"
-        raise InvalidSpecError(f"{flags} {verb} not apply to task {task!r}")
-
-
 def check_export_spec(spec: ExportSpec) -> None:
-    """What an ExportSpec cannot check alone: its task is known and reads every option given."""
-    check_task_options(
-        spec.task, [f.name for f in fields(spec) if f.name in TASK_OPTIONS and getattr(spec, f.name) is not None]
-    )
+    """What an ExportSpec cannot check alone: a family builds its task (the spec itself checked
+    the task's contract and options)."""
+    get_family(spec.task)
 
 
 def default_thresholds(task: str, precision: str) -> ParityThresholds:

@@ -46,8 +46,6 @@ class ReportSpec:
 class TaskFamily:
     name: str
     description: str
-    # ExportSpec fields this task reads beyond source/name/opset: options it does not read are refused
-    options: frozenset[str]
     resolve_source: Callable[[str], tuple[str, str]]  # user's --model -> (source, default bundle name)
     export: Callable[[ExportSpec, Path], ExportResult]
     thresholds: dict[str, ParityThresholds]  # default gate per precision

@@ -314,9 +314,6 @@ def _prob_gate(thresholds: dict[str, float]) -> float | None:
 FAMILY = TaskFamily(
     name="image-classification",
     description="an image classifier with resize, crop, normalisation and softmax in the graph",
-    options=frozenset(
-        {"weights", "labels", "resize_size", "crop_size", "mean", "std", "validation_images", "calibration_images"}
-    ),
     resolve_source=resolve_source,
     export=export,
     thresholds=THRESHOLDS,

@@ -134,7 +134,6 @@ def _prob_gate(thresholds: dict[str, float]) -> float | None:
 FAMILY = TaskFamily(
     name="text-classification",
     description="a Hugging Face sequence classifier or cross-encoder with its activation in the graph",
-    options=frozenset({"max_length"}),
     resolve_source=text.resolve_source,
     export=export,
     thresholds=THRESHOLDS,

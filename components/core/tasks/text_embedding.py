@@ -337,7 +337,6 @@ def _cosine_gate(thresholds: dict[str, float]) -> float | None:
 FAMILY = TaskFamily(
     name="text-embedding",
     description="sentence embeddings from a Hugging Face encoder (pooling and normalisation in the graph)",
-    options=frozenset({"max_length"}),
     resolve_source=resolve_source,
     export=export,
     thresholds=THRESHOLDS,

@@ -126,7 +126,6 @@ def _prob_gate(thresholds: dict[str, float]) -> float | None:
 FAMILY = TaskFamily(
     name=CONTRACT.name,
     description="a Hugging Face token classifier (NER, tagging) with softmax per token in the graph",
-    options=frozenset({"max_length"}),
     resolve_source=text.resolve_source,
     export=export,
     thresholds=THRESHOLDS,
