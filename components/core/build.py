@@ -196,7 +196,6 @@ def run_export_step(
 
     `source_versions` is what the resolve step saw (`sources.resolve_source_versions`): hf://
     downloads exactly that commit, and a source that changed since fails."""
-    import dataclasses
 
     from components.core.export import export_model
     from components.core.sources import (
@@ -233,14 +232,18 @@ def run_export_step(
         if fetched is not None:
             name = default_name(model_uri)
         spec = export_spec_from_parameters(params, source=source, default_name=name)
-        result = export_model(spec, Path(out_dir))
-        record = dict(result.source)
-        if fetched is not None:
-            record.update(id=model_uri, revision=fetched.revision or fetched.digest)
-        elif record.get("revision") is None and Path(source).exists():
-            record["revision"] = tree_digest(Path(source))
-        result = dataclasses.replace(result, source=record)
-        result.save(Path(out_dir))
+
+        def where_from(record: dict[str, Any]) -> dict[str, Any]:
+            """The URI fetched and its revision (an hf:// commit, else the content digest), or a
+            local checkpoint's tree digest when the exporter records no revision."""
+            if fetched is not None:
+                record.update(id=model_uri, revision=fetched.revision or fetched.digest)
+            elif record.get("revision") is None and Path(source).exists():
+                record["revision"] = tree_digest(Path(source))
+            return record
+
+        result = export_model(spec, Path(out_dir), source=where_from)
+        record = result.source
     finally:
         shutil.rmtree(fetch_root, ignore_errors=True)
     return StepOutput(

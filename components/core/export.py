@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,9 +56,14 @@ def _write_probe(export: ExportResult, out_dir: Path) -> str:
     return PROBE_FILE
 
 
-def export_model(spec: ExportSpec, out_dir: Path) -> ExportResult:
-    """Export `spec.source` for `spec.task` into `out_dir` (model.onnx, reference.npz, export.json,
-    the probe set, and the tokenizer for text models)."""
+def export_model(
+    spec: ExportSpec, out_dir: Path, *, source: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> ExportResult:
+    """Export `spec.source` for `spec.task` into `out_dir` (model.onnx, reference.npz, the probe
+    set, the tokenizer for text models, and export.json, written once, last: the exporter returns
+    its record and this adds the probe and the reference's spread, and `source` completes the
+    manifest's source record with what the caller knows better: the URI a checkpoint was fetched
+    from, its revision)."""
     from components.core.tasks import check_export_spec, get_family
     from serving.bundle import BundleError, check_task_settings
 
@@ -84,6 +91,7 @@ def export_model(spec: ExportSpec, out_dir: Path) -> ExportResult:
         metrics={**result.metrics, "reference_spread": spread},
         degenerate_reference=spread < MIN_SPREAD,
         extra_files=[*result.extra_files, probe_file],
+        source=source(dict(result.source)) if source is not None else result.source,
     )
     result.save(out_dir)
     log.info(

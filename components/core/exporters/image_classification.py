@@ -623,8 +623,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         },
         extra_files=[],
     )
-    result.save(out_dir)
-    return result
+    return result  # written once, by components.core.export.export_model
 
 
 def _format(data: bytes) -> str:

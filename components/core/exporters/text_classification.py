@@ -304,5 +304,4 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         },
         extra_files=["tokenizer.json"],
     )
-    result.save(out_dir)
-    return result
+    return result  # written once, by components.core.export.export_model

@@ -199,5 +199,4 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         },
         extra_files=["tokenizer.json"],
     )
-    result.save(out_dir)
-    return result
+    return result  # written once, by components.core.export.export_model
