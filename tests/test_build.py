@@ -72,6 +72,7 @@ def test_missed_variant_is_dropped_with_its_numbers(
     assert not (tmp_path / "out" / "variants" / "cpu-int8").exists()
 
 
+@pytest.mark.slow
 def test_no_variant_passed_fails_and_ships_nothing(tiny_bert: Path, tmp_path: Path) -> None:
     spec = BuildSpec(
         export=ExportSpec(source=str(tiny_bert), task="text-embedding", name="tiny"),

@@ -54,6 +54,7 @@ def test_build_rejects_bad_options_before_work(args: list[str], fragment: str, t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_corrupt_weights(tiny_bert: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(tiny_bert, broken)
@@ -62,6 +63,7 @@ def test_corrupt_weights(tiny_bert: Path, tmp_path: Path) -> None:
     assert_one_line_error(result, 2, "cannot load weights from")
 
 
+@pytest.mark.slow
 def test_model_that_cannot_export(tmp_path: Path) -> None:
     from tests.models import make_tiny_bert
 
@@ -102,6 +104,7 @@ def test_validate_exits_1_on_a_miss(tiny_export: Path, tiny_variants: dict[str, 
     assert_one_line_error(missed, 1, "parity gate missed by cpu-int8: max_abs_diff")
 
 
+@pytest.mark.slow
 def test_single_steps_chain_into_a_bundle(tiny_bert: Path, tmp_path: Path) -> None:
     assert (
         ortpack("export", "--model", str(tiny_bert), "--out", str(tmp_path / "e"), "--max-length", "64").returncode == 0

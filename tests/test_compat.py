@@ -123,6 +123,7 @@ def test_each_variant_records_its_space(tiny_bundle: Path) -> None:
     assert fp32["weights_sha256"] == int8["weights_sha256"] and fp32["id"] != int8["id"]
 
 
+@pytest.mark.slow
 def test_the_space_follows_the_weights_not_the_build(tiny_bundle: Path, rebuilt: Path, reseeded: Path) -> None:
     assert spaces(rebuilt) == spaces(tiny_bundle)  # two builds of one checkpoint: the same spaces
     other = spaces(reseeded)["cpu-fp32"]
@@ -205,6 +206,7 @@ def test_another_width_is_incompatible_without_running_anything(tiny_bundle: Pat
     assert pair.probe == {} and pair.retrieval == {}
 
 
+@pytest.mark.slow
 def test_the_command_exits_with_its_verdict(tiny_bundle: Path, rebuilt: Path, reseeded: Path, narrow: Path) -> None:
     same = ortpack("bundle", "diff", str(tiny_bundle), str(rebuilt / "manifest.json"))
     assert same.returncode == 0, same.stderr

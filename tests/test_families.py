@@ -154,6 +154,7 @@ def _assert_refused(result: subprocess.CompletedProcess[str], *fragments: str) -
     return errors[0]
 
 
+@pytest.mark.slow
 def test_encoder_decoder_is_refused(tmp_path: Path) -> None:
     from tests.models import make_tiny_bert
 
@@ -163,6 +164,7 @@ def test_encoder_decoder_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "model.onnx").exists()
 
 
+@pytest.mark.slow
 def test_unknown_model_type_is_refused(tiny_bert: Path, tmp_path: Path) -> None:
     model = tmp_path / "unknown"
     shutil.copytree(tiny_bert, model)
@@ -181,6 +183,7 @@ def test_unknown_model_type_is_refused(tiny_bert: Path, tmp_path: Path) -> None:
         ("nomic_bert", ("does not match the nomic_bert architecture",)),
     ],
 )
+@pytest.mark.slow
 def test_custom_code_is_never_run(model_type: str, fragments: tuple[str, ...], tiny_bert: Path, tmp_path: Path) -> None:
     """A checkpoint that brings its own modeling code (auto_map): refused in one line, and its
     code is never imported."""

@@ -21,6 +21,8 @@ from components.core.validation_data import ImageSpec, render_image
 from serving.bundle import Manifest, verify_bundle
 from tests.servers import RunningServer, free_port, running_server
 
+pytestmark = pytest.mark.slow  # builds image bundles (torchvision exports, a served decoder)
+
 
 @pytest.fixture(scope="session")
 def image_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -112,6 +112,7 @@ def test_no_candidate_within_budget_keeps_the_best_and_the_gate_reports_it(
     assert recipe == best
 
 
+@pytest.mark.slow
 def test_a_pinned_recipe_is_built_alone_and_recorded(tiny_export: Path, tmp_path: Path) -> None:
     """`--int8-recipe NAME`: one graph, no search; optimize.json names it and says it was pinned.
     Pinning the recipe of an earlier search rebuilds that graph: the same bytes."""

@@ -184,6 +184,7 @@ def test_unreachable_registry_fails_fast_in_one_line(signed_bundle: tuple[Path, 
     assert time.monotonic() - start < 60  # oras' own retries would sleep for minutes
 
 
+@pytest.mark.slow
 def test_registry_with_credentials(
     signed_bundle: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -220,6 +221,7 @@ def test_registry_with_credentials(
 # --- the CLI and the server ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_push_and_pull(oci_registry: Registry, signed_bundle: tuple[Path, Path], tmp_path: Path) -> None:
     bundle, public = signed_bundle
     pushed = ortpack("bundle", "push", str(bundle), oci_registry.url("ortpack/cli:1"), "--trust-key", str(public))

@@ -88,6 +88,7 @@ def test_report_marks_off_target_and_degenerate_builds(cuda_fp16: Path, tiny_exp
     assert any("degenerate" in b for b in banners(degenerate, []))
 
 
+@pytest.mark.slow
 def test_degenerate_reference_is_refused(tmp_path: Path) -> None:
     """torchvision's MobileNetV3 with random weights gives every class ~0.001: refused in one
     line, built only when the user says so."""

@@ -34,6 +34,7 @@ def _program(tmp_path: Path, module: torch.nn.Module, *args: torch.Tensor, dynam
     return path
 
 
+@pytest.mark.slow
 def test_a_factory_with_a_state_dict_builds(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -48,6 +49,7 @@ def test_a_factory_with_a_state_dict_builds(tmp_path: Path) -> None:
     ] == [0.485, 0.456, 0.406]
 
 
+@pytest.mark.slow
 def test_an_exported_program_builds_and_serves(tmp_path: Path) -> None:
     from components.core.build import build_bundle
     from components.core.specs import BuildSpec, ExportSpec, variant_grid

@@ -25,6 +25,8 @@ from components.core.package import Verdict
 from serving.bundle import verify_bundle
 from tests.test_submit import FakeKFP, fake_kfp, submit  # noqa: F401 - fake_kfp is a fixture
 
+pytestmark = pytest.mark.slow  # runs the pipeline's package step on built bundles
+
 SECTION = "Compatibility with the baseline"
 
 

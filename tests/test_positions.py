@@ -103,6 +103,7 @@ def _checkpoint(model_type: str, pad_token_id: int, out: Path) -> Path:
     return checkpoint
 
 
+@pytest.mark.slow
 def test_a_max_length_past_the_table_is_refused_in_one_line(tmp_path: Path) -> None:
     """MPNet whose config says pad_token_id 0 still starts positions at 2: --max-length 63 (what
     the config alone would allow) is refused before anything is exported."""

@@ -218,6 +218,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, f
     assert len(errors) == 1 and fragment in errors[0], result.stderr
 
 
+@pytest.mark.slow
 def test_cli_sign_and_verify(tmp_path: Path, keys: tuple[Path, Path]) -> None:
     bundle = make_bundle(tmp_path)
     private, public = keys

@@ -12,6 +12,8 @@ import pytest
 from serving.bundle import read_manifest, verify_bundle
 from tests.servers import RunningServer, running_server
 
+pytestmark = pytest.mark.slow  # builds a classifier and a reranker bundle
+
 
 def _build(checkpoint: Path, out: Path, work: Path) -> Path:
     from components.core.build import build_bundle

@@ -14,6 +14,8 @@ import pytest
 from serving.bundle import verify_bundle
 from tests.servers import RunningServer, running_server
 
+pytestmark = pytest.mark.slow  # builds tagger bundles
+
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 TEXTS = [
     "Ada Lovelace worked with Charles Babbage in London.",
