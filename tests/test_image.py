@@ -697,7 +697,7 @@ def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
     )
     optimize_model(tmp_path / "export", VariantSpec(target="cpu", precision="fp32"), tmp_path / "fp32")
     report = validate_variant(tmp_path / "fp32", tmp_path / "export", thresholds_for("image-classification", "fp32"))
-    assert ExportResult.load(tmp_path / "export").preprocessing["interpolation"] == "bicubic"  # type: ignore[index]
+    assert ExportResult.load(tmp_path / "export").task_settings["preprocessing"]["interpolation"] == "bicubic"
     assert report.passed, report.misses
     assert ParityReport.load(tmp_path / "fp32").values["max_pixel_diff"] <= 2
 

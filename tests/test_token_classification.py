@@ -61,12 +61,12 @@ def make_tagger(out: Path, *, trunk: Path | None = None, seed: int = 0, head_sca
     return out
 
 
-def _build(checkpoint: Path, out: Path, work: Path, **export: object) -> Path:
+def _build(checkpoint: Path, out: Path, work: Path, **options: object) -> Path:
     from components.core.build import build_bundle
     from components.core.specs import BuildSpec, ExportSpec, variant_grid
 
     spec = BuildSpec(
-        export=ExportSpec(source=str(checkpoint), task="token-classification", name=checkpoint.name, **export),  # type: ignore[arg-type]
+        export=ExportSpec(source=str(checkpoint), task="token-classification", name=checkpoint.name, options=options),
         variants=tuple(variant_grid(["cpu"], ["fp32", "int8"])),
     )
     build_bundle(spec, out, work_dir=work)
