@@ -36,14 +36,15 @@ from serving.errors import NotReadyError
 from serving.hardware import HardwareInfo, this_machine
 from serving.metrics import Metrics
 from serving.probe import Probe, ProbeResult, check_probe
+from serving.targets import TARGETS, TRY_ORDER
 from serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
 
 # For `--variant auto` without benchmark numbers from this kind of CPU: per target, the precisions
 # to prefer, best first (fp32 last: the most faithful, the fallback when a variant misses here).
-PREFERENCE = {"cuda": ("fp16", "fp32"), "cpu": ("int8", "fp32")}
-TARGET_PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+PREFERENCE = {name: t.preference for name, t in TARGETS.items()}
+TARGET_PROVIDER = {name: t.provider for name, t in TARGETS.items()}
 
 
 def measured_p50(variant: Variant, hardware: HardwareInfo) -> float | None:
@@ -79,7 +80,7 @@ def rank_variants(
 ) -> list[Variant]:
     """`auto`'s order over these variants on this machine (see `candidate_variants`)."""
     ordered: list[Variant] = []
-    for target in ("cuda", "cpu"):
+    for target in TRY_ORDER:
         if TARGET_PROVIDER[target] not in available_providers:
             continue
         candidates = [v for v in variants if v.target == target]

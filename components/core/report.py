@@ -26,6 +26,7 @@ from components.core.timing import LoadRecord, load_of, worst_load
 from serving.contracts import get_contract
 from serving.gates import margins
 from serving.hardware import HardwareInfo
+from serving.targets import TARGETS
 
 if TYPE_CHECKING:
     from components.core.compat import BaselineCheck
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 Row = tuple[str, ...]
 _COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
-CPU_PROVIDER = "CPUExecutionProvider"
+CPU_PROVIDER = TARGETS["cpu"].provider
 # The x86-64 level every CPU that serves int8 has; a build machine with more may not be evidence there.
 BASELINE_FEATURES = ("avx2", "fma", "f16c")
 
@@ -342,8 +343,9 @@ def choices_elsewhere(records: Sequence[VariantRecord]) -> list[ServingChoice]:
     cuda variant passed and this machine has no CUDA provider), a CPU with fewer ISA features."""
     providers, here = build_machine(records)
     out = []
-    if "CUDAExecutionProvider" not in providers and any(r.passed and r.built.target == "cuda" for r in records):
-        gpu = ["CUDAExecutionProvider", CPU_PROVIDER]
+    cuda = TARGETS["cuda"]
+    if cuda.provider not in providers and any(r.passed and r.built.target == cuda.name for r in records):
+        gpu = list(cuda.execution_providers)
         out.append(
             serving_choice(
                 records, gpu, here or HardwareInfo(machine="", cpu_model="", features=(), cores=1), "a GPU node"
