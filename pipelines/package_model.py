@@ -38,11 +38,12 @@ from components.package import check_gate, package_bundle, publish_bundle
 from components.source import resolve_source
 from components.validate import validate_variant
 from serving.contracts import DEFAULT_TASK
+from serving.targets import TARGETS
 
 PIPELINE_NAME = "package-model"
-ALL_TARGETS = ("cpu", "cuda")
+ALL_TARGETS = tuple(TARGETS)  # serving/targets.py: cpu, cuda
 DEFAULT_TARGETS = ("cpu",)  # cuda is off by default: the committed YAML has no GPU branch
-DEFAULT_PRECISIONS = {"cpu": ["fp32", "int8"], "cuda": ["fp16"]}
+DEFAULT_PRECISIONS = {name: list(t.default_precisions) for name, t in TARGETS.items()}
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TIMEOUT_S = 2 * 3600  # activeDeadlineSeconds of the GPU steps' pods
 # The secrets (run-time parameters name them) are mounted as optional volumes: a pod starts
