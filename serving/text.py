@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,10 +154,13 @@ class TextEncoder:
         return Encoded(payloads=payloads, buckets=checked.buckets, tokens=checked.tokens)
 
     async def encode_pairs_async(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
+        started = time.perf_counter()
         if sum(len(a) + len(b) for a, b in pairs) <= _INLINE_CHARS:
-            return self.encode_pairs(pairs)
-        encoded = await asyncio.to_thread(self.encode_pairs, pairs)
-        _check_deadline()
+            encoded = self.encode_pairs(pairs)
+        else:
+            encoded = await asyncio.to_thread(self.encode_pairs, pairs)
+            _check_deadline()
+        _count_time(started)
         return encoded
 
     def encode(self, texts: Sequence[str]) -> Encoded:
@@ -167,14 +171,18 @@ class TextEncoder:
 
     async def encode_async(self, texts: Sequence[str]) -> Encoded:
         """Tokenize inline when small; in a worker thread when it could block the event loop."""
+        started = time.perf_counter()
         if sum(len(t) for t in texts) <= _INLINE_CHARS:
-            return self.encode(texts)
-        encoded = await asyncio.to_thread(self.encode, texts)
-        _check_deadline()
+            encoded = self.encode(texts)
+        else:
+            encoded = await asyncio.to_thread(self.encode, texts)
+            _check_deadline()
+        _count_time(started)
         return encoded
 
     def from_ids(self, id_lists: Sequence[Sequence[int]]) -> Encoded:
         """Token-id input (OpenAI allows it): used as given, checked against the vocabulary."""
+        started = time.perf_counter()
         checked = []
         for index, ids in enumerate(id_lists):
             if len(ids) > self.max_tokens and self.truncate:
@@ -183,7 +191,16 @@ class TextEncoder:
                 if not 0 <= token < self.vocab_size:
                     raise InvalidRequestError(f"input[{index}] has token id {token}, outside 0..{self.vocab_size - 1}")
             checked.append(ids)
-        return self._finish(checked)
+        encoded = self._finish(checked)
+        _count_time(started)
+        return encoded
+
+
+def _count_time(started: float) -> None:
+    """Add the time since `started` to the current request's tokenize stage."""
+    ctx = context.current()
+    if ctx is not None:
+        ctx.tokenize_s += time.perf_counter() - started
 
 
 def _check_deadline() -> None:
