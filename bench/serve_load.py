@@ -482,11 +482,51 @@ def stage_table(servers: list[dict[str, Any]]) -> str:
     return table(rows) if len(rows) > 1 else "(no server exported its stages)"
 
 
+def int8_peak_share(bundle: Path, variant: str) -> dict[str, float]:
+    """The machine's measured int8 peak and what one sentence costs of it (bench/engine_options.py):
+    multiply-accumulates per second of ORT's MatMulInteger on every core, and the variant's int8
+    multiply-accumulates per sentence of the shipped queries (0 for a variant without int8 products)."""
+    import numpy as np
+
+    from bench.engine_options import int8_macs_per_token, int8_peak
+    from serving.bundle import read_manifest, read_verified
+    from serving.text import TextEncoder
+
+    manifest = read_manifest(bundle)
+    model = read_verified(bundle, manifest, manifest.variant(variant).file)
+    assert manifest.tokenizer is not None
+    encoder = TextEncoder(
+        read_verified(bundle, manifest, manifest.tokenizer.file).decode(),
+        max_tokens=manifest.tokenizer.max_length,
+        truncate=True,
+        buckets=(8,),
+    )
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    tokens = float(np.mean([len(p) for p in encoder.encode(queries).payloads]))
+    return {
+        "int8_peak_macs_per_s": int8_peak(len(os.sched_getaffinity(0))),
+        "int8_macs_per_sentence": tokens * int8_macs_per_token(model),
+    }
+
+
 def goals_table(results: dict[str, Any]) -> list[list[str]]:
-    """c=1 p50 and c=32 throughput of every server against the engine bound, in one table."""
+    """c=1 p50 and c=32 throughput of every server against the engine bound and the machine's int8
+    peak, in one table."""
     bound = results["offline_bound_sentences_per_s"]["batch_1"]
     engine_p50 = min(results["offline_latency_ms"].values())
-    rows = [["server", "c=1 p50 ms", "c=1 p50 / engine b1 p50", "c=32 req/s", "c=32 p99 ms", "c=32 / offline bound"]]
+    peak = results["int8_peak"]
+    per_sentence = peak["int8_macs_per_sentence"] / peak["int8_peak_macs_per_s"]
+    rows = [
+        [
+            "server",
+            "c=1 p50 ms",
+            "c=1 p50 / engine b1 p50",
+            "c=32 req/s",
+            "c=32 p99 ms",
+            "c=32 / offline bound",
+            "c=32 % int8 peak",
+        ]
+    ]
     for server in results["servers"]:
         runs = {(r["workload"], r["concurrency"]): r for r in server["runs"]}
         one, many = runs.get(("1 sentence", 1)), runs.get(("1 sentence", 32))
@@ -500,6 +540,7 @@ def goals_table(results: dict[str, Any]) -> list[list[str]]:
                 f"{many['requests_per_s']:.0f}",
                 f"{many['p99_ms']:.1f}",
                 f"{many['requests_per_s'] / bound:.0%}",
+                f"{many['requests_per_s'] * per_sentence:.1%}" if per_sentence else "-",
             ]
         )
     return rows
@@ -545,6 +586,7 @@ def main() -> int:
     with LoadWatch() as load:
         results["offline_bound_sentences_per_s"] = offline_bound(bundle, args.variant)
         results["offline_latency_ms"] = offline_latency(bundle, args.variant)
+        results["int8_peak"] = int8_peak_share(bundle, args.variant)
     results["offline_bound_load"] = load.record.as_stats()
     results["layer_cpu_us_per_request"] = layer_costs(bundle, args.variant, http_only_cpu(bundle, args.variant, 5))
 
@@ -601,6 +643,8 @@ def main() -> int:
         + ", ".join(f"{k.replace('_', ' ')}: {v:.0f} sentences/s" for k, v in bound.items())
         + "; b1 p50: "
         + ", ".join(f"{k} {v:.2f} ms" for k, v in results["offline_latency_ms"].items())
+        + f"; int8 peak {results['int8_peak']['int8_peak_macs_per_s'] / 1e9:.0f} GMAC/s (ORT MatMulInteger), "
+        + f"{results['int8_peak']['int8_macs_per_sentence'] / 1e6:.0f} M int8 MACs per sentence"
         + f"; {load.record.describe()}"
     )
     results["goals"] = goals_table(results)
