@@ -404,6 +404,39 @@ def test_the_stage_breakdown_is_exported_and_adds_up(tiny_bundle: Path) -> None:
     assert 'route="/v2/health/ready",stage=' not in text
 
 
+def test_several_texts_are_tokenized_off_the_event_loop(tiny_bundle: Path) -> None:
+    """One short text is tokenized inline (cheaper than a hop to a thread); several texts go to a
+    thread, where encode_batch runs in parallel, and the event loop keeps turning meanwhile. The
+    ids are the same either way."""
+    from serving.text import TextEncoder
+
+    manifest = read_manifest(tiny_bundle)
+    assert manifest.tokenizer is not None
+    tokenizer_json = (tiny_bundle / manifest.tokenizer.file).read_text()
+    encoder = TextEncoder(tokenizer_json, max_tokens=manifest.tokenizer.max_length, truncate=True, buckets=(8, 16))
+
+    async def loop_turns_while_encoding(texts: list[str]) -> tuple[int, list[list[int]]]:
+        turns, done = 0, False
+
+        async def count() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.ensure_future(count())
+        encoded = await encoder.encode_async(texts)
+        done = True
+        await counter
+        return turns, [list(p) for p in encoded.payloads]
+
+    inline, one = run(loop_turns_while_encoding(TEXTS[:1]))
+    threaded, many = run(loop_turns_while_encoding(TEXTS * 20))
+    assert inline == 0 and threaded >= 1
+    assert one == [list(p) for p in encoder.encode(TEXTS[:1]).payloads]
+    assert many == [list(p) for p in encoder.encode(TEXTS * 20).payloads]
+
+
 @pytest.mark.parametrize("lone_threads", [2, 1])
 def test_a_request_alone_runs_on_every_core_with_the_same_answer(tiny_bundle: Path, lone_threads: int) -> None:
     """Adaptive parallelism through HTTP: with nothing else to run, a request's batch goes to the
