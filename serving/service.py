@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from serving import context
 from serving.backend import load_session
 from serving.batcher import Batcher
 from serving.bundle import (
@@ -77,8 +78,11 @@ class ModelService:
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
         self.metrics.queue_depth.set(self.batcher.depth + len(payloads))
-        rows = await self.batcher.submit(payloads, buckets, self.timeout_s)
-        return np.stack(rows)
+        rows = np.stack(await self.batcher.submit(payloads, buckets, self.timeout_s))
+        ctx = context.current()
+        if ctx is not None and ctx.model_end:
+            ctx.postprocess_s = time.perf_counter() - ctx.model_end
+        return rows
 
     def warm_up(self, max_batch_size: int, threads: int) -> tuple[int, float]:
         """Run every shape the task will run once (first calls allocate memory and pick kernels),
@@ -88,6 +92,10 @@ class ModelService:
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
             list(pool.map(self.backend.run, batches))
+        lone = self.batcher.lone_backend
+        if lone is not None:  # on every core already: one shape at a time
+            for batch in batches:
+                lone.run(batch)
         return len(batches), time.perf_counter() - started
 
     def begin_warm_up(self, config: ServeConfig) -> None:
@@ -121,7 +129,7 @@ class ModelService:
         await self.batcher.stop(drain=True)
 
 
-def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics) -> Batcher:
+def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_backend: Any = None) -> Batcher:
     item_cost, max_cost = runtime.item_cost()
     return Batcher(
         runtime.backend,
@@ -133,6 +141,8 @@ def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics) -> Bat
         item_cost=item_cost,
         max_batch_cost=max_cost,
         max_batch_tokens=config.max_batch_tokens,
+        lone_backend=lone_backend,
+        lone_threads=config.lone_thread_count if lone_backend is not None else 1,
     )
 
 
@@ -270,21 +280,30 @@ def _open(
     """The loaded model service, and how it batches (for the start-up log line)."""
     session, plan = load_session(model, variant, intra_op_threads=config.intra_op_threads)
     context = LoadContext(manifest=manifest, variant=variant, session=session, files=files, config=config)
+    task = get_task(manifest.task)
     try:
-        runtime = get_task(manifest.task).open(context)
+        runtime = task.open(context)
     except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
         raise BundleError(str(exc)) from None
+    lone_backend = None
+    if config.lone_thread_count > max(1, config.intra_op_threads):
+        # The same verified bytes in a second session with every core, for batches that run alone.
+        lone_session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
+        lone_backend = task.backend(lone_session, manifest.model_dump())
+        batching = f"{runtime.batching}; a batch alone on {config.lone_thread_count} threads"
+    else:
+        batching = runtime.batching
     return ModelService(
         manifest=manifest,
         variant=variant,
         runtime=runtime,
-        batcher=_batcher(runtime, config, metrics),
+        batcher=_batcher(runtime, config, metrics, lone_backend),
         metrics=metrics,
         model_name=config.model_name or manifest.name,
         timeout_s=config.request_timeout_ms / 1000.0,
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
-    ), runtime.batching
+    ), batching
 
 
 def model_service(request: Any) -> ModelService:
