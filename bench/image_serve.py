@@ -178,7 +178,7 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
     from serving.bundle import read_manifest
     from serving.hardware import this_machine
     from serving.images import ImageDecoder, decode_base64
-    from serving.service import choose_variant
+    from serving.selection import choose_variant
     from serving.tasks.image_classification import choose_decoder
 
     manifest = read_manifest(bundle)

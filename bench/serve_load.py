@@ -1,7 +1,8 @@
 """Serving benchmark: a naive PyTorch + FastAPI server, a simple FastAPI + ONNX Runtime server and
 ortpack's server, on the same bundle's model, in one run.
 
-    python bench/serve_load.py [--bundle dist/all-MiniLM-L6-v2] [--seconds 10]
+    python bench/serve_load.py [--bundle dist/all-MiniLM-L6-v2] [--seconds 10] [--variant cpu-int8]
+        [--compare-with DIR] [--out bench/results/serve_load.json]
 
 Load comes from `wrk` (C, closed loop: each connection sends its next request when the last is
 answered), posting single sentences of 16-32 tokens from the shipped queries
@@ -9,9 +10,16 @@ answered), posting single sentences of 16-32 tokens from the shipped queries
 requests at concurrency 8. Every server gets a discarded warm-up
 run first. Reported per run: requests/s, sentences/s, p50/p99 latency, errors (non-2xx and
 socket), peak RSS of the server's process tree, and its CPU time per request; per server: cold
-start (process start to readiness 200). Also: the offline bound (the same variant called directly,
-no HTTP) and the CPU cost of each layer of ortpack's server. Prints tables, writes
-bench/results/serve_load.json.
+start (process start to readiness 200). For ortpack's server, also where a request's time went:
+the mean of each stage of `ortpack_request_stage_seconds` over the run (scraped from /metrics
+before and after it; serving/stages.py). Also: the offline bound (the same variant called
+directly, no HTTP: the throughput of two one-thread callers, and the latency of one call on one
+thread and on the server's lone session) and the CPU cost of each layer of ortpack's server.
+
+`--compare-with DIR` adds another ortpack server run from DIR's `serving/` (e.g. the code before a
+change: `git archive REV serving | tar -x -C DIR`), so before and after are measured in one run.
+Every server serves the same variant (`--variant`, int8 by default: the simple server's). Prints
+tables, writes `--out` (JSON).
 """
 
 from __future__ import annotations
@@ -52,7 +60,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_commands(bundle: Path, port: int) -> dict[str, tuple[list[str], dict[str, str]]]:
+def server_commands(
+    bundle: Path, port: int, variant: str = "cpu-int8", before: Path | None = None
+) -> dict[str, tuple[list[str], dict[str, str]]]:
     uvicorn = [
         sys.executable,
         "-m",
@@ -65,14 +75,51 @@ def server_commands(bundle: Path, port: int) -> dict[str, tuple[list[str], dict[
         "warning",
         "--no-access-log",
     ]
-    return {
+    ortpack = [sys.executable, "-m", "serving", "--bundle", str(bundle.resolve()), "--port", str(port)]
+    ortpack += ["--variant", variant, "--log-level", "warning"]
+    commands = {
         "naive pytorch": ([*uvicorn, "bench.baselines.naive_torch:app"], {}),
-        "simple ort int8": ([*uvicorn, "bench.baselines.simple_ort:app"], {"BUNDLE": str(bundle)}),
-        "ortpack": (
-            [sys.executable, "-m", "serving", "--bundle", str(bundle), "--port", str(port), "--log-level", "warning"],
-            {},
-        ),
+        "simple ort int8": ([*uvicorn, "bench.baselines.simple_ort:app"], {"BUNDLE": str(bundle), "VARIANT": variant}),
+        "ortpack": (ortpack, {}),
     }
+    if before is not None:  # `python -m serving` from DIR imports DIR/serving first
+        commands[BEFORE] = (ortpack, {"PYTHONPATH": str(before.resolve()), "ORTPACK_CWD": str(before.resolve())})
+    return commands
+
+
+BEFORE = "ortpack before"
+STAGE_ROUTE = "/v1/embeddings"
+
+
+def stage_totals(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each stage of ortpack_request_stage_seconds on the embeddings route; empty
+    for a server that does not export it (the peers, or ortpack before it did)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    totals: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "ortpack_request_stage_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("route") != STAGE_ROUTE or sample.name.endswith("_bucket"):
+                continue
+            pair = totals.setdefault(sample.labels["stage"], [0.0, 0.0])
+            pair[0 if sample.name.endswith("_sum") else 1] = sample.value
+    return {stage: (pair[0], pair[1]) for stage, pair in totals.items()}
+
+
+def stage_means_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean ms per request of each stage over a run, from two scrapes."""
+    means = {}
+    for stage, (total, count) in after.items():
+        done = count - before.get(stage, (0.0, 0.0))[1]
+        if done > 0:
+            means[stage] = (total - before.get(stage, (0.0, 0.0))[0]) * 1000 / done
+    return means
 
 
 def tree(proc: psutil.Process) -> list[psutil.Process]:
@@ -162,6 +209,7 @@ def run_wrk_script(
     return {
         "requests_per_s": stats["requests"] / (stats["duration_us"] / 1e6),
         "p50_ms": stats["p50_us"] / 1000,
+        "mean_ms": stats["mean_us"] / 1000,
         "p99_ms": stats["p99_us"] / 1000,
         "errors": sum(stats[k] for k in stats if k.startswith("errors_")),
         "peak_rss_mb": peak[0],
@@ -190,6 +238,8 @@ def started_server(
 ) -> Iterator[tuple[str, psutil.Process, float]]:
     """Start a server (its output discarded), wait for readiness; yield (url, process, cold start)."""
     url = f"http://127.0.0.1:{port}"
+    env = dict(env)
+    cwd = Path(env.pop("ORTPACK_CWD", cwd))
     proc = subprocess.Popen(
         command, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -230,7 +280,10 @@ def bench_server(
         run_wrk(url, bodies[1], 8, 3, handle)
         runs = []
         for label, connections, per_request in WORKLOADS:
+            scraped = stage_totals(url) if name.startswith("ortpack") else {}
             result = run_wrk(url, bodies[per_request], connections, seconds, handle)
+            if scraped or name == "ortpack":
+                result["stages_ms"] = stage_means_ms(scraped, stage_totals(url))
             result.update(
                 workload=label,
                 concurrency=connections,
@@ -242,14 +295,38 @@ def bench_server(
         return {"server": name, "cold_start_s": cold, "startup_total_s": time.perf_counter() - started, "runs": runs}
 
 
-def offline_bound(bundle: Path, seconds: float = 4.0) -> dict[str, float]:
-    """The served variant called directly (no HTTP, no queue): two callers x one thread, the
-    configuration the server runs, at batch 1 and 8; sentences per second."""
+def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, float]:
+    """The engine bound at concurrency 1: p50 ms of one sentence, batch 1, called directly, on a
+    one-thread worker session and on the lone session (every core), in alternate calls."""
     from serving.config import ServeConfig
     from serving.metrics import Metrics
     from serving.service import load_service
 
-    service = load_service(bundle, ServeConfig(bundle=str(bundle)), Metrics())
+    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    payloads = service.runtime.encoder.encode(queries).payloads
+    engines = {"1 thread": service.backend}
+    if service.batcher.lone_backend is not None:
+        engines[f"lone ({service.batcher.lone_threads} threads)"] = service.batcher.lone_backend
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for i in range(calls + 50):
+        for name, backend in engines.items():
+            t0 = time.perf_counter()
+            backend.run([payloads[i % len(payloads)]])
+            if i >= 50:
+                times[name].append(time.perf_counter() - t0)
+            time.sleep(0.001)  # a lone session's spinning threads settle before the next engine
+    return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
+
+
+def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str, float]:
+    """The served variant called directly (no HTTP, no queue): two callers x one thread, the
+    configuration the server runs under load, at batch 1 and 8; sentences per second."""
+    from serving.config import ServeConfig
+    from serving.metrics import Metrics
+    from serving.service import load_service
+
+    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     payloads = service.runtime.encoder.encode(queries).payloads
     out = {}
@@ -286,7 +363,7 @@ def offline_bound(bundle: Path, seconds: float = 4.0) -> dict[str, float]:
     return out
 
 
-def layer_costs(bundle: Path, http_cpu_ms: float) -> dict[str, float]:
+def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, float]:
     """Microseconds of CPU per single-sentence request in each layer of ortpack's server."""
     import numpy as np
     import orjson
@@ -296,7 +373,7 @@ def layer_costs(bundle: Path, http_cpu_ms: float) -> dict[str, float]:
     from serving.metrics import Metrics
     from serving.service import load_service
 
-    service = load_service(bundle, ServeConfig(bundle=str(bundle)), Metrics())
+    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     bodies = [orjson.dumps({"input": q, "model": "m"}) for q in queries]
     encoded = [service.runtime.encoder.encode([q]) for q in queries]
@@ -344,10 +421,10 @@ def layer_costs(bundle: Path, http_cpu_ms: float) -> dict[str, float]:
     return costs
 
 
-def http_only_cpu(bundle: Path, seconds: float) -> float:
+def http_only_cpu(bundle: Path, variant: str, seconds: float) -> float:
     """Server CPU per request on GET /v2/health/live under load: the HTTP layer alone."""
     port = free_port()
-    command, _ = server_commands(bundle, port)["ortpack"]
+    command, _ = server_commands(bundle, port, variant)["ortpack"]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc)
@@ -385,37 +462,133 @@ def write_results(path: str, results: dict[str, Any]) -> None:
     print(f"\nwrote {out}")
 
 
+def stage_table(servers: list[dict[str, Any]]) -> str:
+    """Mean ms per stage of ortpack's answered requests in each run, and the share of the
+    server-side total that is not the model."""
+    from serving.stages import STAGES
+
+    rows = [["server", "workload", "conc.", *STAGES, "not model", "client mean"]]
+    for server in servers:
+        for r in server["runs"]:
+            stages = r.get("stages_ms")
+            if not stages or not stages.get("total"):
+                continue
+            share = 1 - stages.get("model", 0.0) / stages["total"]
+            rows.append(
+                [server["server"], r["workload"], str(r["concurrency"])]
+                + [f"{stages.get(stage, 0.0):.3f}" for stage in STAGES]
+                + [f"{share:.0%}", f"{r['mean_ms']:.3f}"]
+            )
+    return table(rows) if len(rows) > 1 else "(no server exported its stages)"
+
+
+def int8_peak_share(bundle: Path, variant: str) -> dict[str, float]:
+    """The machine's measured int8 peak and what one sentence costs of it (bench/engine_options.py):
+    multiply-accumulates per second of ORT's MatMulInteger on every core, and the variant's int8
+    multiply-accumulates per sentence of the shipped queries (0 for a variant without int8 products)."""
+    import numpy as np
+
+    from bench.engine_options import int8_macs_per_token, int8_peak
+    from serving.bundle import read_manifest, read_verified
+    from serving.text import TextEncoder
+
+    manifest = read_manifest(bundle)
+    model = read_verified(bundle, manifest, manifest.variant(variant).file)
+    assert manifest.tokenizer is not None
+    encoder = TextEncoder(
+        read_verified(bundle, manifest, manifest.tokenizer.file).decode(),
+        max_tokens=manifest.tokenizer.max_length,
+        truncate=True,
+        buckets=(8,),
+    )
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    tokens = float(np.mean([len(p) for p in encoder.encode(queries).payloads]))
+    return {
+        "int8_peak_macs_per_s": int8_peak(len(os.sched_getaffinity(0))),
+        "int8_macs_per_sentence": tokens * int8_macs_per_token(model),
+    }
+
+
+def goals_table(results: dict[str, Any]) -> list[list[str]]:
+    """c=1 p50 and c=32 throughput of every server against the engine bound and the machine's int8
+    peak, in one table."""
+    bound = results["offline_bound_sentences_per_s"]["batch_1"]
+    engine_p50 = min(results["offline_latency_ms"].values())
+    peak = results["int8_peak"]
+    per_sentence = peak["int8_macs_per_sentence"] / peak["int8_peak_macs_per_s"]
+    rows = [
+        [
+            "server",
+            "c=1 p50 ms",
+            "c=1 p50 / engine b1 p50",
+            "c=32 req/s",
+            "c=32 p99 ms",
+            "c=32 / offline bound",
+            "c=32 % int8 peak",
+        ]
+    ]
+    for server in results["servers"]:
+        runs = {(r["workload"], r["concurrency"]): r for r in server["runs"]}
+        one, many = runs.get(("1 sentence", 1)), runs.get(("1 sentence", 32))
+        if one is None or many is None:
+            continue
+        rows.append(
+            [
+                server["server"],
+                f"{one['p50_ms']:.2f}",
+                f"{one['p50_ms'] / engine_p50:.2f}x",
+                f"{many['requests_per_s']:.0f}",
+                f"{many['p99_ms']:.1f}",
+                f"{many['requests_per_s'] / bound:.0%}",
+                f"{many['requests_per_s'] * per_sentence:.1%}" if per_sentence else "-",
+            ]
+        )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"), help="bundle to serve")
     parser.add_argument("--seconds", type=float, default=10, help="duration of each measured run")
     parser.add_argument("--servers", default="naive pytorch,simple ort int8,ortpack", help="comma-separated subset")
+    parser.add_argument("--variant", default="cpu-int8", help="the variant every server serves")
+    parser.add_argument(
+        "--compare-with", type=Path, default=None, help="also run ortpack's server from DIR/serving ('ortpack before')"
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"), help="JSON output")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: run `make bench-serve` (it installs wrk) or apt-get install wrk")
     from serving.bundle import verify_bundle
+    from serving.hardware import this_machine
 
     bundle = Path(args.bundle)
     manifest = verify_bundle(bundle)
     results: dict[str, Any] = {
         "bundle": manifest.name,
+        "variant": args.variant,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
+        "cpu": this_machine().summary(),
         "servers": [],
     }
+    names = [s.strip() for s in args.servers.split(",")]
+    if args.compare_with is not None and BEFORE not in names:
+        names.insert(names.index("ortpack") if "ortpack" in names else len(names), BEFORE)
     with tempfile.TemporaryDirectory() as tmp:
         bodies = write_bodies(Path(tmp), manifest.name)
-        for name in [s.strip() for s in args.servers.split(",")]:
+        for name in names:
             port = free_port()
-            command, env = server_commands(bundle, port)[name]
+            command, env = server_commands(bundle, port, args.variant, args.compare_with)[name]
             results["servers"].append(bench_server(name, command, env, port, bodies, args.seconds))
     print("offline bound and layer costs ...", flush=True)
     with LoadWatch() as load:
-        results["offline_bound_sentences_per_s"] = offline_bound(bundle)
+        results["offline_bound_sentences_per_s"] = offline_bound(bundle, args.variant)
+        results["offline_latency_ms"] = offline_latency(bundle, args.variant)
+        results["int8_peak"] = int8_peak_share(bundle, args.variant)
     results["offline_bound_load"] = load.record.as_stats()
-    results["layer_cpu_us_per_request"] = layer_costs(bundle, http_only_cpu(bundle, 5))
+    results["layer_cpu_us_per_request"] = layer_costs(bundle, args.variant, http_only_cpu(bundle, args.variant, 5))
 
     rows = [
         [
@@ -449,31 +622,35 @@ def main() -> int:
                     load_cell(r),
                 ]
             )
-    print(f"\nserving {manifest.name}, {os.cpu_count()} cores, {args.seconds:.0f} s per run")
+    print(f"\nserving {manifest.name} ({args.variant}) on {results['cpu']}, {args.seconds:.0f} s per run")
     print(table(rows))
     print("\n" + cold_start_table(results["servers"]))
     by_name = {s["server"]: {(r["workload"], r["concurrency"]): r for r in s["runs"]} for s in results["servers"]}
     if {"ortpack", "naive pytorch"} <= set(by_name):
-        ratios = [["workload", "ortpack vs naive pytorch", "ortpack vs simple ort int8"]]
+        peers = [p for p in ("naive pytorch", "simple ort int8", BEFORE) if p in by_name]
+        ratios = [["workload", *(f"ortpack vs {p}" for p in peers)]]
         for label, connections, _ in WORKLOADS:
             key = (label, connections)
             ours = by_name["ortpack"][key]["requests_per_s"]
-            simple = by_name.get("simple ort int8", {}).get(key, {}).get("requests_per_s")
             ratios.append(
-                [
-                    f"{label} c={connections}",
-                    f"{ours / by_name['naive pytorch'][key]['requests_per_s']:.1f}x",
-                    f"{ours / simple:.2f}x" if simple else "-",
-                ]
+                [f"{label} c={connections}"] + [f"{ours / by_name[p][key]['requests_per_s']:.2f}x" for p in peers]
             )
         results["throughput_ratios"] = ratios
         print("\n" + table(ratios))
     bound = results["offline_bound_sentences_per_s"]
     print(
-        f"\noffline bound ({manifest.name}, 2 callers x 1 thread): "
+        f"\noffline bound ({manifest.name} {args.variant}, 2 callers x 1 thread): "
         + ", ".join(f"{k.replace('_', ' ')}: {v:.0f} sentences/s" for k, v in bound.items())
+        + "; b1 p50: "
+        + ", ".join(f"{k} {v:.2f} ms" for k, v in results["offline_latency_ms"].items())
+        + f"; int8 peak {results['int8_peak']['int8_peak_macs_per_s'] / 1e9:.0f} GMAC/s (ORT MatMulInteger), "
+        + f"{results['int8_peak']['int8_macs_per_sentence'] / 1e6:.0f} M int8 MACs per sentence"
         + f"; {load.record.describe()}"
     )
+    results["goals"] = goals_table(results)
+    print("\n" + table(results["goals"]))
+    print("\nwhere an ortpack request's time goes (mean ms per answered request, server side):")
+    print(stage_table(results["servers"]))
     print(
         "\n"
         + table(

@@ -24,6 +24,7 @@ here (and no `from __future__ import annotations`: KFP reads the pipeline signat
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kfp import dsl, kubernetes
@@ -37,11 +38,12 @@ from components.package import check_gate, package_bundle, publish_bundle
 from components.source import resolve_source
 from components.validate import validate_variant
 from serving.contracts import DEFAULT_TASK
+from serving.targets import TARGETS
 
 PIPELINE_NAME = "package-model"
-ALL_TARGETS = ("cpu", "cuda")
+ALL_TARGETS = tuple(TARGETS)  # serving/targets.py: cpu, cuda
 DEFAULT_TARGETS = ("cpu",)  # cuda is off by default: the committed YAML has no GPU branch
-DEFAULT_PRECISIONS = {"cpu": ["fp32", "int8"], "cuda": ["fp16"]}
+DEFAULT_PRECISIONS = {name: list(t.default_precisions) for name, t in TARGETS.items()}
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TIMEOUT_S = 2 * 3600  # activeDeadlineSeconds of the GPU steps' pods
 # The secrets (run-time parameters name them) are mounted as optional volumes: a pod starts
@@ -94,6 +96,108 @@ def _with_secret(task: dsl.PipelineTask, secret: Any, mount_path: str) -> dsl.Pi
     return kubernetes.use_secret_as_volume(task, secret_name=secret, mount_path=mount_path, optional=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Graph:
+    """How one compiled graph places its steps: images, the model volume, GPU deadline, caching
+    and the per-target parallelism. Its methods add the pipeline's stages, in order: the source
+    (resolve, export), each target's variant branches, then package, gate and publish."""
+
+    cpu_image: str
+    cuda_image: str
+    model_pvc: str | None
+    gpu_timeout_s: int
+    cache: bool
+    parallelism: int
+
+    def cached(self, task: dsl.PipelineTask, enabled: bool = True) -> dsl.PipelineTask:
+        return task.set_caching_options(enabled and self.cache)
+
+    def source(self, p: dict[str, Any]) -> Any:
+        """resolve -> export: what the model is now, and its ONNX export with the reference."""
+        resolved = resolve_source(model_uri=p["model_uri"], task=p["task"], task_options=p["task_options"])
+        self.cached(resolved.set_display_name("resolve source"), False)
+        exported = export_model(
+            model_uri=p["model_uri"],
+            source_versions=resolved.output,
+            task=p["task"],
+            name=p["name"],
+            task_options=p["task_options"],
+            allow_degenerate_reference=p["allow_degenerate_reference"],
+        )
+        self.cached(exported.set_display_name("export"))
+        _resources(exported, p["export_cpu"], p["export_memory"])
+        for reader in (resolved, exported):
+            reader.set_container_image(self.cpu_image)
+            _with_secret(reader, p["credentials_secret"], CREDENTIALS_DIR)
+            if self.model_pvc:
+                kubernetes.mount_pvc(reader, pvc_name=self.model_pvc, mount_path=MODEL_MOUNT)
+        _resources(resolved, *SMALL_STEP).set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+        return exported.outputs["exported"]
+
+    def variants(self, p: dict[str, Any], exported: Any, targets: Sequence[str]) -> dict[str, Any]:
+        """One branch per precision of each target, in parallel; the package step's inputs."""
+        measured = {}
+        for target in targets:
+            with dsl.ParallelFor(p[f"{target}_precisions"], parallelism=self.parallelism) as precision:
+                branch = self.variant_branch(target, precision, exported, p)
+            measured[f"{target}_variants"] = dsl.Collected(branch)
+        return measured
+
+    def variant_branch(self, target: str, precision: Any, exported: Any, p: dict[str, Any]) -> Any:
+        """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
+        ort = GPU_ORT_VERSION if target == "cuda" else ORT_VERSION
+        optimized = optimize_variant(
+            exported=exported, target=target, precision=precision, ort_version=ort, int8_recipe=p["int8_recipe"]
+        )
+        variant = optimized.outputs["variant"]
+        validated = validate_variant(
+            exported=exported,
+            variant=variant,
+            thresholds=p["thresholds"],
+            ort_version=ort,
+            allow_off_target_validation=p["allow_off_target_validation"],
+        )
+        measured = benchmark_variant(
+            exported=exported, variant=variant, report=validated.outputs["report"], ort_version=ort
+        )
+        self.cached(measured, False)  # a benchmark measures this run's hardware, never a cache
+        self.cached(optimized)
+        self.cached(validated)
+        for task, step in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
+            task.set_display_name(f"{step} {target}")
+            task.set_container_image(self.cuda_image if target == "cuda" else self.cpu_image)
+            _resources(task, p[f"{step}_cpu"], p[f"{step}_memory"])
+            if target == "cuda" and step != "optimize":  # building fp16 needs no GPU; running it does
+                _on_gpu(task, p["gpu_accelerator"], p["gpu_node_selector"], self.gpu_timeout_s)
+        return measured.outputs["measured"]
+
+    def package(self, p: dict[str, Any], exported: Any, measured: dict[str, Any]) -> None:
+        """package (the bundle, or a verdict with nothing shipped) -> gate -> publish (if asked)."""
+        packaged = package_bundle(
+            exported=exported,
+            version=p["version"],
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            sign_key=p["sign_key"],
+            baseline_bundle=p["baseline_bundle"],
+            require_compatible=p["require_compatible"],
+            compatibility_budget=p["compatibility_budget"],
+            **measured,
+        )
+        self.cached(packaged.set_display_name("package"), False).set_container_image(self.cpu_image)
+        _resources(packaged, p["package_cpu"], p["package_memory"])
+        _with_secret(packaged, p["signing_secret"], SIGNING_DIR)
+        _with_secret(packaged, p["credentials_secret"], CREDENTIALS_DIR)  # to fetch the baseline bundle
+        gate = check_gate(verdict=packaged.outputs["verdict"])
+        self.cached(gate.set_display_name("gate")).set_container_image(self.cpu_image)
+        _resources(gate, *SMALL_STEP)
+        with dsl.If(p["publish_to"] != ""):
+            published = publish_bundle(bundle=packaged.outputs["bundle"], publish_to=p["publish_to"]).after(gate)
+            self.cached(published.set_display_name("publish"), False).set_container_image(self.cpu_image)
+            published.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
+            _resources(published, *PUBLISH_STEP)
+            _with_secret(published, p["credentials_secret"], CREDENTIALS_DIR)
+
+
 def make_pipeline(
     targets: Sequence[str] = DEFAULT_TARGETS,
     parallelism: int = 0,
@@ -116,39 +220,14 @@ def make_pipeline(
     if not targets:
         raise ValueError(f"no known target in {list(targets)} (known: {', '.join(ALL_TARGETS)})")
     has_cpu, has_cuda = "cpu" in targets, "cuda" in targets
-    cpu_image = image or COMPONENT_IMAGE
-    cuda_image = gpu_image or GPU_COMPONENT_IMAGE
-
-    def cached(task: dsl.PipelineTask, enabled: bool = True) -> dsl.PipelineTask:
-        return task.set_caching_options(enabled and cache)
-
-    def variant_branch(target: str, precision: Any, exported: Any, p: dict[str, Any]) -> Any:
-        """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
-        ort = GPU_ORT_VERSION if target == "cuda" else ORT_VERSION
-        optimized = optimize_variant(
-            exported=exported, target=target, precision=precision, ort_version=ort, int8_recipe=p["int8_recipe"]
-        )
-        variant = optimized.outputs["variant"]
-        validated = validate_variant(
-            exported=exported,
-            variant=variant,
-            thresholds=p["thresholds"],
-            ort_version=ort,
-            allow_off_target_validation=p["allow_off_target_validation"],
-        )
-        measured = benchmark_variant(
-            exported=exported, variant=variant, report=validated.outputs["report"], ort_version=ort
-        )
-        cached(measured, False)  # a benchmark measures this run's hardware, never a cache
-        cached(optimized)
-        cached(validated)
-        for task, step in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
-            task.set_display_name(f"{step} {target}")
-            task.set_container_image(cuda_image if target == "cuda" else cpu_image)
-            _resources(task, p[f"{step}_cpu"], p[f"{step}_memory"])
-            if target == "cuda" and step != "optimize":  # building fp16 needs no GPU; running it does
-                _on_gpu(task, p["gpu_accelerator"], p["gpu_node_selector"], gpu_timeout_s)
-        return measured.outputs["measured"]
+    graph = _Graph(
+        cpu_image=image or COMPONENT_IMAGE,
+        cuda_image=gpu_image or GPU_COMPONENT_IMAGE,
+        model_pvc=model_pvc,
+        gpu_timeout_s=gpu_timeout_s,
+        cache=cache,
+        parallelism=parallelism,
+    )
 
     def package_model(
         model_uri: str = "all-MiniLM-L6-v2",
@@ -239,56 +318,8 @@ def make_pipeline(
                 where GPU Feature Discovery runs (empty: none).
         """
         p = dict(locals())
-        resolved = resolve_source(model_uri=model_uri, task=task, task_options=task_options)
-        cached(resolved.set_display_name("resolve source"), False)
-        exported = export_model(
-            model_uri=model_uri,
-            source_versions=resolved.output,
-            task=task,
-            name=name,
-            task_options=task_options,
-            allow_degenerate_reference=allow_degenerate_reference,
-        )
-        cached(exported.set_display_name("export"))
-        _resources(exported, export_cpu, export_memory)
-        for reader in (resolved, exported):
-            reader.set_container_image(cpu_image)
-            _with_secret(reader, credentials_secret, CREDENTIALS_DIR)
-            if model_pvc:
-                kubernetes.mount_pvc(reader, pvc_name=model_pvc, mount_path=MODEL_MOUNT)
-        _resources(resolved, *SMALL_STEP).set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
-        measured = {}
-        if has_cpu:
-            with dsl.ParallelFor(cpu_precisions, parallelism=parallelism) as precision:
-                cpu = variant_branch("cpu", precision, exported.outputs["exported"], p)
-            measured["cpu_variants"] = dsl.Collected(cpu)
-        if has_cuda:
-            with dsl.ParallelFor(cuda_precisions, parallelism=parallelism) as precision:
-                cuda = variant_branch("cuda", precision, exported.outputs["exported"], p)
-            measured["cuda_variants"] = dsl.Collected(cuda)
-        packaged = package_bundle(
-            exported=exported.outputs["exported"],
-            version=version,
-            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            sign_key=sign_key,
-            baseline_bundle=baseline_bundle,
-            require_compatible=require_compatible,
-            compatibility_budget=compatibility_budget,
-            **measured,
-        )
-        cached(packaged.set_display_name("package"), False).set_container_image(cpu_image)
-        _resources(packaged, package_cpu, package_memory)
-        _with_secret(packaged, signing_secret, SIGNING_DIR)
-        _with_secret(packaged, credentials_secret, CREDENTIALS_DIR)  # to fetch the baseline bundle
-        gate = check_gate(verdict=packaged.outputs["verdict"])
-        cached(gate.set_display_name("gate")).set_container_image(cpu_image)
-        _resources(gate, *SMALL_STEP)
-        with dsl.If(publish_to != ""):
-            published = publish_bundle(bundle=packaged.outputs["bundle"], publish_to=publish_to).after(gate)
-            cached(published.set_display_name("publish"), False).set_container_image(cpu_image)
-            published.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
-            _resources(published, *PUBLISH_STEP)
-            _with_secret(published, credentials_secret, CREDENTIALS_DIR)
+        exported = graph.source(p)
+        graph.package(p, exported, graph.variants(p, exported, targets))
 
     entry = _without_parameters(package_model, set() if has_cuda else set(GPU_PARAMETERS))
     entry.__name__ = PIPELINE_NAME.replace("-", "_")

@@ -10,9 +10,18 @@ running the backend.
   each per round, leader first, up to `max_batch_size` items and `max_batch_tokens` padded
   tokens. So one request of 300 long texts runs one short batch at a time while single-sentence
   requests sent after it go into the next batch, instead of waiting for all 300.
-- The scheduler never waits when a worker is idle and work is queued, unless
-  `max_batch_delay_ms` asks it to let a small batch fill; on CPU, measured, waiting only adds
-  latency (see README).
+- Scheduling is synchronous, on the event loop, at the two moments it can change anything: when
+  a request is queued and when a batch finishes. A request that finds a worker idle is cut into
+  a batch and handed to that worker inside `submit`, before the event loop runs anything else:
+  no scheduler task to wake, no extra loop iteration: when there is nothing to be fair about,
+  the fair scheduler's work is one pass over one queued request. It never waits when a worker
+  is idle and work is queued, unless `max_batch_delay_ms` asks it to let a small batch fill (a
+  timer re-runs it); on CPU, measured, waiting only adds latency (docs/serving.md).
+- Adaptive parallelism: with a `lone_backend` (the same model in a session with more intra-op
+  threads), a batch that would run alone (no other batch running, nothing left queued) runs on it
+  and uses every core; under load the workers run one-thread calls side by side. Switching is a
+  per-batch choice at dispatch: no request waits for it, and a request arriving while a lone
+  batch runs goes to the next idle worker at once (the cores are briefly shared).
 - The queue is bounded in items: a request that would overflow it now is refused whole (429
   with Retry-After); one that could never fit (more items than the queue holds) gets 413.
 - Each request has a deadline (from the request context when there is one: counted from the
@@ -22,8 +31,11 @@ running the backend.
   `call_soon_threadsafe`. Every request gets exactly one result or one exception, including when
   the backend raises or the batcher stops.
 
-Per request there is one future and one timer, whatever its number of items: this layer costs
-well under 0.1 ms of CPU per request (bench/serve_load.py measures it).
+Per request there is one future and one timer, whatever its number of items. The round trip
+through this layer with a model that returns at once costs 0.12-0.16 ms of CPU per request on a
+2-core AMD EPYC, mostly the two thread hand-offs (to a worker, back to the event loop), not the
+scheduling (bench/serve_load.py measures it). Model calls are timed on
+the worker thread; a request's queue wait, model time and hand-off reach its request context.
 """
 
 from __future__ import annotations
@@ -68,9 +80,13 @@ class Request:
     turn: float  # when it last started waiting for a batch: arrival, then each batch's end
     slices: dict[Hashable, Slice] = field(default_factory=dict)  # its queued items, by bucket
     running: int = 0  # its batches on the workers now
+    context: RequestContext | None = None
+    # Wall-clock timings (time.perf_counter, whatever the batcher's scheduling clock): queued, the
+    # start of its first model call, the end of its last one, model seconds summed over its batches.
+    queued_at: float = 0.0
     first_start: float = 0.0
     last_end: float = 0.0
-    context: RequestContext | None = None
+    model_s: float = 0.0
 
     def key(self) -> tuple[bool, float]:
         """Scheduling order: requests without a running batch first, then the longest waiting."""
@@ -90,16 +106,27 @@ Entry = tuple[Request, int, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class Job:
+    """One cut batch on its way to a worker thread."""
+
+    bucket: Hashable
+    batch: list[Entry]
+    dispatched: float  # on the batcher's clock
+    lone: bool  # run on the lone backend (every core), not a one-thread worker session
+
+
+@dataclass(frozen=True, slots=True)
 class BatchStats:
     """What one model call did, for metrics: bucket, size, seconds, padded and real tokens (0 for
     payloads that are not token ids, such as images)."""
 
     bucket: Hashable
     size: int
-    seconds: float
+    seconds: float  # the model call alone, timed on the worker thread
     queue_wait: float
     real_tokens: int
     padded_tokens: int
+    threads: int = 1  # intra-op threads of the session that ran it (more for a lone batch)
 
 
 def token_count(payload: Any) -> int | None:
@@ -125,8 +152,13 @@ class Batcher:
         max_batch_cost: float = math.inf,
         max_batch_tokens: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        lone_backend: Backend | None = None,
+        lone_threads: int = 1,
     ) -> None:
         self.backend = backend
+        # The same model with more intra-op threads, for a batch that runs alone (module docstring).
+        self.lone_backend = lone_backend
+        self.lone_threads = lone_threads
         # A batch also stops at `max_batch_cost` (images: pixels), whatever its size; it always
         # holds at least one item. Without it, 32 full-HD images would be one float batch of GBs.
         self.item_cost = item_cost
@@ -146,22 +178,19 @@ class Batcher:
         self.active: dict[Request, None] = {}  # requests with queued items, in arrival order
         self.depth = 0  # items queued, not yet cut into a batch
         self.running = 0  # batches on the worker threads
+        self.lone_batches = 0  # batches run on the lone backend
         self.items_per_second = 0.0  # smoothed throughput, for Retry-After
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._free: asyncio.Semaphore | None = None
         self._idle: asyncio.Event | None = None
-        self._jobs: queue.SimpleQueue[tuple[Hashable, list[Entry], float] | None] = queue.SimpleQueue()
+        self._fill_timer: asyncio.TimerHandle | None = None  # max_batch_delay: when to look again
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._wakeup = asyncio.Event()
-        self._free = asyncio.Semaphore(self.workers)
         self._idle = asyncio.Event()
         self._idle.set()
         self._threads = [
@@ -169,7 +198,6 @@ class Batcher:
         ]
         for thread in self._threads:
             thread.start()
-        self._scheduler = self._loop.create_task(self._schedule(), name="ortpack-batcher")
 
     async def stop(self, drain: bool = True) -> None:
         """Stop taking requests; with `drain`, finish what is queued and running first."""
@@ -179,8 +207,8 @@ class Batcher:
                 assert self._idle is not None
                 self._idle.clear()
                 await self._idle.wait()
-        if self._scheduler is not None:
-            self._scheduler.cancel()
+        if self._fill_timer is not None:
+            self._fill_timer.cancel()
         for request in list(self.active):
             self._fail(request, NotReadyError("the server is shutting down"))
         for _ in self._threads:
@@ -199,7 +227,7 @@ class Batcher:
     async def submit(self, payloads: Sequence[Any], buckets: Sequence[Hashable], timeout_s: float) -> list[np.ndarray]:
         """Queue one request's items and wait for all of them; results come back in order. The
         deadline is `timeout_s` from now, or the request context's when it is sooner."""
-        if self._closed or self._loop is None or self._wakeup is None:
+        if self._closed or self._loop is None:
             raise NotReadyError("the server is shutting down")
         n = len(payloads)
         if n > self.max_queue_size:
@@ -225,6 +253,7 @@ class Batcher:
             enqueued=now,
             turn=now,
             context=ctx,
+            queued_at=time.perf_counter(),
         )
         slices = request.slices
         for index, (payload, bucket) in enumerate(zip(payloads, buckets, strict=True)):
@@ -239,7 +268,7 @@ class Batcher:
             self.counts[bucket] = self.counts.get(bucket, 0) + 1
         self.active[request] = None
         self.depth += n
-        self._wakeup.set()
+        self._dispatch()  # a worker is idle: this request's first batch is on it before we await
         timer = self._loop.call_later(
             timeout_s,
             self._fail,
@@ -247,7 +276,10 @@ class Batcher:
             DeadlineExceededError(f"no answer within the {timeout_s * 1000:.0f} ms deadline"),
         )
         try:
-            return await request.future
+            rows = await request.future
+            if ctx is not None:
+                ctx.model_end = request.last_end
+            return rows
         finally:
             timer.cancel()
             if not request.future.done():
@@ -321,65 +353,65 @@ class Batcher:
             order = later
         self.counts[bucket] -= len(batch)
         self.depth -= len(batch)
-        now = self.clock()
         taken: dict[Request, int] = {}
         for entry in batch:
             taken[entry[0]] = taken.get(entry[0], 0) + 1
         for request, count in taken.items():
             request.queued -= count
             request.running += 1
-            if not request.first_start:
-                request.first_start = now
             if not request.queued:
                 self.active.pop(request, None)
         return batch
 
-    async def _schedule(self) -> None:
-        assert self._wakeup is not None and self._free is not None
-        while True:
-            await self._free.acquire()
+    def _dispatch(self, delay_over: bool = False) -> None:
+        """Hand batches to idle workers while work is queued: the leader's bucket each time (see
+        `_leader`). Runs on the event loop when a request is queued and when a batch finishes,
+        so a lone request goes to a worker inside `submit`, with no scheduler task to wake.
+        `delay_over`: the fill timer fired, so batches go out as they are."""
+        while self.running < self.workers and self.depth:
             leader = self._leader()
-            while leader is None:
-                self._signal_idle()
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                leader = self._leader()
+            if leader is None:
+                return
             bucket = next(iter(leader.slices))
-            if self.max_batch_delay > 0:
-                await self._let_fill(bucket)
-                if not self.counts.get(bucket):  # its requests expired or went away meanwhile
-                    self._free.release()
-                    continue
+            if self.max_batch_delay > 0 and not delay_over and not self._filled(bucket):
+                return  # a timer looks again when the oldest item's delay is over
+            alone = self.running == 0
             batch = self._cut(bucket)
+            lone = self.lone_backend is not None and alone and not self.depth
+            self.lone_batches += lone
             self.running += 1
-            self._jobs.put((bucket, batch, self.clock()))
+            self._jobs.put(Job(bucket, batch, self.clock(), lone))
 
-    async def _let_fill(self, bucket: Hashable) -> None:
-        """Wait (at most max_batch_delay after the oldest item of `bucket` arrived) for a fuller batch."""
-        assert self._wakeup is not None
-        while 0 < self.counts.get(bucket, 0) < self.max_batch_size:
-            oldest = min(request.enqueued for request in self.lines[bucket])
-            remaining = oldest + self.max_batch_delay - self.clock()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
-                return
+    def _filled(self, bucket: Hashable) -> bool:
+        """With max_batch_delay: is `bucket`'s batch full, or has its oldest item waited long
+        enough? If not, arm a timer for when it will have."""
+        if self.counts.get(bucket, 0) >= self.max_batch_size:
+            return True
+        oldest = min(request.enqueued for request in self.lines[bucket])
+        remaining = oldest + self.max_batch_delay - self.clock()
+        if remaining <= 0:
+            return True
+        if self._fill_timer is None and self._loop is not None:
+            self._fill_timer = self._loop.call_later(remaining, self._fill_timer_due)
+        return False
 
-    def _finish(
-        self, bucket: Hashable, batch: list[Entry], started: float, rows: Any, error: BaseException | None
-    ) -> None:
-        """Back on the event loop: hand each row to its request, free the worker."""
-        assert self._free is not None
+    def _fill_timer_due(self) -> None:
+        self._fill_timer = None
+        self._dispatch(delay_over=True)
+
+    def _finish(self, job: Job, began: float, ended: float, rows: Any, error: BaseException | None) -> None:
+        """Back on the event loop: hand each row to its request, give the worker its next batch.
+        `began` and `ended` bound the model call (time.perf_counter, on the worker thread)."""
+        batch = job.batch
         self.running -= 1
-        self._free.release()
         now = self.clock()
         for request in {entry[0]: None for entry in batch}:
             request.running -= 1
             request.turn = now
-            request.last_end = now
+            if not request.first_start or began < request.first_start:
+                request.first_start = began
+            request.last_end = max(request.last_end, ended)
+            request.model_s += ended - began
         if error is not None:
             if not isinstance(error, ServeError):
                 log.error("model call failed for a batch of %d: %r", len(batch), error)
@@ -395,15 +427,17 @@ class Batcher:
                 if request.remaining == 0:
                     ctx = request.context
                     if ctx is not None:
-                        ctx.queue_s = request.first_start - request.enqueued
+                        ctx.queue_s = request.first_start - request.queued_at
                         ctx.inference_s = request.last_end - request.first_start
+                        ctx.model_s = request.model_s
                     request.future.set_result(request.rows)
-            self._record(bucket, batch, started, now)
+            self._record(job, ended - began)
+        self._dispatch()
         if not self.depth and not self.running:
             self._signal_idle()
 
-    def _record(self, bucket: Hashable, batch: list[Entry], started: float, now: float) -> None:
-        seconds = now - started
+    def _record(self, job: Job, seconds: float) -> None:
+        batch = job.batch
         rate = len(batch) / max(seconds, 1e-6) * self.workers
         self.items_per_second = rate if self.items_per_second == 0 else 0.9 * self.items_per_second + 0.1 * rate
         if self.on_batch is not None:
@@ -414,12 +448,13 @@ class Batcher:
             padded = max(lengths) * len(batch) if text else 0
             self.on_batch(
                 BatchStats(
-                    bucket=bucket,
+                    bucket=job.bucket,
                     size=len(batch),
                     seconds=seconds,
-                    queue_wait=started - min(request.enqueued for request, _, _ in batch),
+                    queue_wait=job.dispatched - min(request.enqueued for request, _, _ in batch),
                     real_tokens=real,
                     padded_tokens=padded,
+                    threads=self.lone_threads if job.lone else 1,
                 )
             )
 
@@ -437,13 +472,15 @@ class Batcher:
     def _work(self) -> None:
         assert self._loop is not None
         while (job := self._jobs.get()) is not None:
-            bucket, batch, started = job
+            backend = self.lone_backend if job.lone and self.lone_backend is not None else self.backend
             rows, error = None, None
+            began = time.perf_counter()
             try:
-                rows = self.backend.run([payload for _, _, payload in batch])
+                rows = backend.run([payload for _, _, payload in job.batch])
             except BaseException as exc:  # noqa: BLE001 - handed to the loop: every item gets an answer
                 error = exc
+            ended = time.perf_counter()
             try:
-                self._loop.call_soon_threadsafe(self._finish, bucket, batch, started, rows, error)
+                self._loop.call_soon_threadsafe(self._finish, job, began, ended, rows, error)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return

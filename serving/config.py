@@ -45,6 +45,7 @@ class ServeConfig:
     buckets: tuple[int, ...] = ()  # default: serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
     workers: int = 0  # model threads running ORT at once; default: the cores available
     intra_op_threads: int = 1
+    lone_threads: int = 0  # default: workers x intra-op threads (every core the server uses)
     warmup: bool = True
     max_connections: int = 1024
     max_header_bytes: int = 64 * 1024
@@ -83,6 +84,7 @@ class ServeConfig:
             (self.max_batch_pixels >= 1, f"--max-batch-pixels must be >= 1, got {self.max_batch_pixels}"),
             (self.workers >= 0, f"--workers must be >= 0, got {self.workers}"),
             (self.intra_op_threads >= 0, f"--intra-op-threads must be >= 0, got {self.intra_op_threads}"),
+            (self.lone_threads >= 0, f"--lone-threads must be >= 0, got {self.lone_threads}"),
             (all(b > 0 for b in self.buckets), f"--buckets must be positive, got {self.buckets}"),
             (self.max_connections >= 1, f"--max-connections must be >= 1, got {self.max_connections}"),
             (self.max_header_bytes >= 1024, f"--max-header-bytes must be >= 1024, got {self.max_header_bytes}"),
@@ -114,6 +116,12 @@ class ServeConfig:
     @property
     def worker_count(self) -> int:
         return self.workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+    @property
+    def lone_thread_count(self) -> int:
+        """Intra-op threads for a batch that runs alone; no more than --intra-op-threads means the
+        lone path is off."""
+        return self.lone_threads or self.worker_count * max(1, self.intra_op_threads)
 
     @property
     def drain_timeout_s(self) -> float:
@@ -166,6 +174,9 @@ _HELP = {
     "buckets": "comma-separated padded-length ceilings",
     "workers": "model calls running at once",
     "intra_op_threads": "ONNX Runtime threads per model call",
+    "lone_threads": "ONNX Runtime threads for a batch that runs alone (no other batch running, nothing queued): "
+    "at low load one request uses every core, under load the workers run side by side. A second session of the "
+    "model, spinning while it runs; 1 (or no more than --intra-op-threads) turns it off",
     "warmup": "run every bucket shape once before reporting ready",
     "max_connections": "most open client connections; more are answered 503 and closed",
     "max_header_bytes": "largest request line + headers in bytes; larger gets 431 and the connection closes",
@@ -198,6 +209,7 @@ _DEFAULT_TEXT = {
     "max_text_chars": "100 x --max-tokens",
     "buckets": "4 tokens apart to 32, 8 to 64, 16 to 128, 32 beyond",
     "workers": "one per available core",
+    "lone_threads": "--workers x --intra-op-threads",
     "metrics_port": "none",
     "cache_dir": "ortpack-bundles under the temp directory",
     "bundle_wait_s": "0, or 300 with MODEL_INIT_MODE=async",

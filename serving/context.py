@@ -1,6 +1,7 @@
 """What one request carries through the layers without being passed along: its id, its deadline
 (counted from its arrival, so reading the body and tokenizing spend it too), and what the layers
-below the route measured for the access log and the `x-queue-time` / `x-inference-time` headers.
+below the route measured for the access log, the `x-queue-time` / `x-inference-time` headers and
+the per-request stage breakdown (`ortpack_request_stage_seconds`).
 
 The HTTP wrapper (serving/http.py) binds a `RequestContext` for each request; the tokenizer
 (serving/text.py) and the batcher read and fill it. Outside a request (warm-up, the probe check,
@@ -25,6 +26,13 @@ class RequestContext:
     tokens: int = 0  # real tokens of its texts
     queue_s: float | None = None  # queued until its first model call started
     inference_s: float | None = None  # its first model call's start to its last one's end
+    # The rest of the stage breakdown (seconds; serving/stages.py names and exports them):
+    read_s: float = 0.0  # reading and parsing the body
+    tokenize_s: float = 0.0  # tokenizing its texts (on the loop or a thread)
+    model_s: float = 0.0  # its model calls, summed (one call: the same as inference_s)
+    model_end: float = 0.0  # time.perf_counter() when its last model call ended
+    postprocess_s: float = 0.0  # the last model call's end to its rows in the handler (hand-off, stacking)
+    serialize_s: float = 0.0  # encoding the answer (JSON, base64)
 
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()

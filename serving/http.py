@@ -20,6 +20,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from serving import context
 from serving.context import RequestContext, bind, unbind
 from serving.errors import (
     ClientClosedError,
@@ -34,6 +35,7 @@ from serving.errors import (
     error_body,
     status_of,
 )
+from serving.stages import breakdown
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -63,7 +65,14 @@ CHALLENGE = 'Bearer realm="ortpack"'
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status, headers, JSON)
+    """orjson writes numpy arrays natively (no Python float per value); the time it takes is the
+    request's `serialize` stage."""
+    started = time.perf_counter()
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    ctx = context.current()
+    if ctx is not None:
+        ctx.serialize_s += time.perf_counter() - started
+    return Response(body, status, headers, JSON)
 
 
 def error_response(error: ServeError) -> Response:
@@ -128,6 +137,7 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     kind = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
     if kind not in (JSON, "") and not kind.endswith("+json"):
         raise UnsupportedMediaTypeError(f"send JSON with Content-Type application/json, not {kind!r}")
+    started = time.perf_counter()
     body = await read_body(request, config_of(request).max_body_bytes)
     if not body:
         raise InvalidRequestError("empty request body; send a JSON object")
@@ -135,6 +145,9 @@ async def read_json_object(request: Request) -> dict[str, Any]:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequestError(f"malformed JSON: {exc}") from None
+    ctx = context.current()
+    if ctx is not None:
+        ctx.read_s += time.perf_counter() - started
     if not isinstance(parsed, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     return parsed
@@ -256,6 +269,7 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
     label = spec.metric_label
     timeout_s = config.request_timeout_ms / 1000.0
     logging_access = config.access_log
+    stages: dict[str, Any] = {}  # the stage histogram's series for this route, made on first use
 
     async def run(request: Request) -> Response:
         started = time.perf_counter()
@@ -293,11 +307,16 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
         if ctx.queue_s is not None and ctx.inference_s is not None:
             headers["x-queue-time"] = _ms(ctx.queue_s)
             headers["x-inference-time"] = _ms(ctx.inference_s)
-        total = time.perf_counter() - started
+        ended = time.perf_counter()
         metrics.requests.labels(route=label, status=str(status)).inc()
-        metrics.latency.labels(route=label).observe(total)
+        metrics.latency.labels(route=label).observe(ended - started)
+        if status == 200 and (parts := breakdown(ctx, ended - arrival)) is not None:
+            if not stages:
+                stages.update(metrics.stage_observers(label))
+            for stage, seconds in parts.items():
+                stages[stage].observe(seconds)
         if logging_access:
-            log_access(request, label, status, ctx, time.perf_counter() - arrival)
+            log_access(request, label, status, ctx, ended - arrival)
         return response
 
     return run

@@ -4,13 +4,19 @@ they double the exposition and no dashboard reads them."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from serving.batcher import BatchStats
 from serving.probe import ProbeResult
+from serving.stages import STAGES
 
 _LATENCY = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+# Stages of a request run from tens of microseconds (tokenizing a sentence) to seconds.
+_STAGE = (
+    0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10,
+)  # fmt: skip
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _RATIO = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 8)
 
@@ -38,6 +44,21 @@ class Metrics:
             "ortpack_queue_wait_seconds", "time the oldest item of a batch waited", buckets=_LATENCY, registry=r
         )
         self.items = Counter("ortpack_items_total", "items (texts, images) answered", registry=r)
+        self.model_calls = Counter(
+            "ortpack_model_calls_total",
+            "model calls by intra-op threads: 1 on the per-core workers, more for a batch that ran alone",
+            ["threads"],
+            registry=r,
+        )
+        self.stages = Histogram(
+            "ortpack_request_stage_seconds",
+            "where an answered inference request's time went, by route and stage: "
+            + ", ".join(STAGES)
+            + " (serving/stages.py; the stages add up to total)",
+            ["route", "stage"],
+            buckets=_STAGE,
+            registry=r,
+        )
         self.rejections = Counter(
             "ortpack_rejections_total",
             "requests refused or abandoned, by reason: queue_full, too_large, deadline, not_ready, unauthorized, "
@@ -78,6 +99,12 @@ class Metrics:
         self.inference.labels(bucket=str(stats.bucket)).observe(stats.seconds)
         self.queue_wait.observe(stats.queue_wait)
         self.items.inc(stats.size)
+        self.model_calls.labels(threads=str(stats.threads)).inc()
+
+    def stage_observers(self, route: str) -> dict[str, Any]:
+        """The stage histogram's series for one route, by stage (made once per route: a route
+        without model calls never shows in the exposition)."""
+        return {stage: self.stages.labels(route=route, stage=stage) for stage in STAGES}
 
     def observe_probe(self, result: ProbeResult) -> None:
         for metric, gauge in self.parity.items():

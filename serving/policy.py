@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from serving.bundle import BundleError, Manifest, Variant, embedding_space
+from serving.targets import PRECISIONS
 
-PRECISIONS = ("fp32", "fp16", "int8")
 ENV_SEPARATOR = ";"  # ORTPACK_REQUIRE holds several expressions: `a>=1;b<=2`
 
 _OPS: dict[str, Callable[[float, float], bool]] = {

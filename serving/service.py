@@ -9,7 +9,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from serving import context
 from serving.backend import load_session
 from serving.batcher import Batcher
 from serving.bundle import (
@@ -36,81 +37,10 @@ from serving.errors import NotReadyError
 from serving.hardware import HardwareInfo, this_machine
 from serving.metrics import Metrics
 from serving.probe import Probe, ProbeResult, check_probe
+from serving.selection import candidate_variants
 from serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
-
-# For `--variant auto` without benchmark numbers from this kind of CPU: per target, the precisions
-# to prefer, best first (fp32 last: the most faithful, the fallback when a variant misses here).
-PREFERENCE = {"cuda": ("fp16", "fp32"), "cpu": ("int8", "fp32")}
-TARGET_PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
-
-
-def measured_p50(variant: Variant, hardware: HardwareInfo) -> float | None:
-    """The bundle's first benchmark shape, if it was measured on a CPU with no feature this one
-    lacks (a VNNI machine's int8 numbers say nothing about an AVX2-only one)."""
-    bench = variant.benchmark
-    first = next(iter(bench.shapes.values()), None)
-    if first is None or bench.hardware is None:
-        return None
-    if bench.hardware.machine != hardware.machine or not hardware.has_features(bench.hardware.features):
-        return None
-    return float(first["p50_ms"])
-
-
-def _ranking(
-    candidates: list[Variant], preference: tuple[str, ...], hardware: HardwareInfo
-) -> Callable[[Variant], tuple[float, str]]:
-    """Sort key: by measured p50 when every candidate was measured on this kind of CPU, else by
-    precision preference (fp32 last)."""
-    measured = {v.id: p50 for v in candidates if (p50 := measured_p50(v, hardware)) is not None}
-    by_speed = len(measured) == len(candidates)
-
-    def key(v: Variant) -> tuple[float, str]:
-        if by_speed:
-            return (measured[v.id], v.id)
-        return (float(preference.index(v.precision) if v.precision in preference else 99), v.id)
-
-    return key
-
-
-def rank_variants(
-    variants: Sequence[Variant], available_providers: Sequence[str], hardware: HardwareInfo
-) -> list[Variant]:
-    """`auto`'s order over these variants on this machine (see `candidate_variants`)."""
-    ordered: list[Variant] = []
-    for target in ("cuda", "cpu"):
-        if TARGET_PROVIDER[target] not in available_providers:
-            continue
-        candidates = [v for v in variants if v.target == target]
-        ordered += sorted(candidates, key=_ranking(candidates, PREFERENCE[target], hardware))
-    return ordered
-
-
-def candidate_variants(
-    manifest: Manifest, requested: str, available_providers: Sequence[str], hardware: HardwareInfo
-) -> list[Variant]:
-    """The variants to try, in order: the one asked for, or for `auto`, the variants of the first
-    target whose execution provider this onnxruntime has (cuda before cpu), fastest first by the
-    bundle's own benchmark when it was measured on this kind of CPU (int8 is not always faster: a
-    static-int8 MobileNetV3 ran slower than fp32), else by `PREFERENCE` (fp32 last); then the
-    other targets."""
-    if requested != "auto":
-        return [manifest.variant(requested)]
-    ordered = rank_variants(manifest.variants, available_providers, hardware)
-    if not ordered:
-        raise BundleError(
-            f"no variant of {manifest.name} runs on this machine (providers {list(available_providers)}; "
-            f"variants {[v.id for v in manifest.variants]})"
-        )
-    return ordered
-
-
-def choose_variant(
-    manifest: Manifest, requested: str, available_providers: Sequence[str], hardware: HardwareInfo | None = None
-) -> Variant:
-    """The first candidate (see `candidate_variants`), before any probe check."""
-    return candidate_variants(manifest, requested, available_providers, hardware or this_machine())[0]
 
 
 @dataclass
@@ -148,8 +78,11 @@ class ModelService:
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
         self.metrics.queue_depth.set(self.batcher.depth + len(payloads))
-        rows = await self.batcher.submit(payloads, buckets, self.timeout_s)
-        return np.stack(rows)
+        rows = np.stack(await self.batcher.submit(payloads, buckets, self.timeout_s))
+        ctx = context.current()
+        if ctx is not None and ctx.model_end:
+            ctx.postprocess_s = time.perf_counter() - ctx.model_end
+        return rows
 
     def warm_up(self, max_batch_size: int, threads: int) -> tuple[int, float]:
         """Run every shape the task will run once (first calls allocate memory and pick kernels),
@@ -159,6 +92,10 @@ class ModelService:
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
             list(pool.map(self.backend.run, batches))
+        lone = self.batcher.lone_backend
+        if lone is not None:  # on every core already: one shape at a time
+            for batch in batches:
+                lone.run(batch)
         return len(batches), time.perf_counter() - started
 
     def begin_warm_up(self, config: ServeConfig) -> None:
@@ -192,7 +129,7 @@ class ModelService:
         await self.batcher.stop(drain=True)
 
 
-def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics) -> Batcher:
+def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_backend: Any = None) -> Batcher:
     item_cost, max_cost = runtime.item_cost()
     return Batcher(
         runtime.backend,
@@ -204,6 +141,8 @@ def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics) -> Bat
         item_cost=item_cost,
         max_batch_cost=max_cost,
         max_batch_tokens=config.max_batch_tokens,
+        lone_backend=lone_backend,
+        lone_threads=config.lone_thread_count if lone_backend is not None else 1,
     )
 
 
@@ -341,21 +280,30 @@ def _open(
     """The loaded model service, and how it batches (for the start-up log line)."""
     session, plan = load_session(model, variant, intra_op_threads=config.intra_op_threads)
     context = LoadContext(manifest=manifest, variant=variant, session=session, files=files, config=config)
+    task = get_task(manifest.task)
     try:
-        runtime = get_task(manifest.task).open(context)
+        runtime = task.open(context)
     except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
         raise BundleError(str(exc)) from None
+    lone_backend = None
+    if config.lone_thread_count > max(1, config.intra_op_threads):
+        # The same verified bytes in a second session with every core, for batches that run alone.
+        lone_session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
+        lone_backend = task.backend(lone_session, manifest.model_dump())
+        batching = f"{runtime.batching}; a batch alone on {config.lone_thread_count} threads"
+    else:
+        batching = runtime.batching
     return ModelService(
         manifest=manifest,
         variant=variant,
         runtime=runtime,
-        batcher=_batcher(runtime, config, metrics),
+        batcher=_batcher(runtime, config, metrics, lone_backend),
         metrics=metrics,
         model_name=config.model_name or manifest.name,
         timeout_s=config.request_timeout_ms / 1000.0,
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
-    ), runtime.batching
+    ), batching
 
 
 def model_service(request: Any) -> ModelService:

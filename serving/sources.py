@@ -55,7 +55,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,22 +245,34 @@ def _copy_limited(src: IO[bytes], dst: IO[bytes], uri: str) -> None:
 # --- s3 -----------------------------------------------------------------------------------
 
 
-def _fetch_s3(uri: str, cache_dir: Path) -> Fetched:
-    bucket, key = _parse_s3_uri(uri)
+def s3_client(uri: str, error: Callable[[str], Exception] = BundleError) -> Any:
+    """A boto3 S3 client for `uri` (s3:// or minio://), for bundle fetches here and for the
+    pipeline's checkpoints and publishing (components/core/sources.py). The endpoint is
+    AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (an S3-compatible store), which minio:// requires.
+    A missing boto3, endpoint or profile raises `error` with a one-line message."""
     try:
         import boto3
-        from boto3.exceptions import Boto3Error
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError
     except ImportError:
-        raise BundleError(f"fetching {uri} needs boto3: install the s3 extra (pip install ortpack[s3])") from None
-    if uri.lower().startswith("minio://") and not (
-        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    ):
-        raise BundleError(
+        raise error(f"{uri} needs boto3: install the s3 extra (pip install 'ortpack[s3]')") from None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if uri.strip().lower().startswith("minio://") and not endpoint:
+        raise error(
             f"{uri}: minio:// needs AWS_ENDPOINT_URL (the MinIO service, e.g. http://minio-service.kubeflow:9000)"
         )
     try:
-        client = boto3.client("s3")
+        return boto3.client("s3", endpoint_url=endpoint or None)
+    except BotoCoreError as exc:
+        raise error(f"{uri}: {_describe(exc)}") from None
+
+
+def _fetch_s3(uri: str, cache_dir: Path) -> Fetched:
+    bucket, key = _parse_s3_uri(uri)
+    client = s3_client(uri)
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
         if key.endswith(ARCHIVE_SUFFIXES):
             with _staging_dir(cache_dir, ".download-") as tmp:
                 archive = tmp / "bundle.tar"

@@ -429,3 +429,63 @@ def test_text_batches_stop_at_their_token_budget() -> None:
 
     run(_with(batcher, body()))
     assert seen == [[3], [10, 10], [10, 12], [30], [5]]
+
+
+def test_a_lone_request_reaches_a_worker_inside_submit() -> None:
+    """No scheduler task to wake: a request that finds a worker idle is cut and handed to it
+    before the event loop runs anything else (the low-load path costs no extra loop turn)."""
+    backend = RecordingBackend()
+    backend.gate.clear()
+    batcher = Batcher(backend, max_batch_size=32, max_queue_size=100, workers=2)
+
+    async def body() -> None:
+        lone = asyncio.ensure_future(batcher.submit([7], [0], 5.0))
+        await asyncio.sleep(0)  # one turn of the loop: the submit ran up to its await
+        assert batcher.running == 1 and batcher.depth == 0
+        backend.gate.set()
+        await lone
+
+    run(_with(batcher, body()))
+    assert backend.batches == [[7]]
+
+
+def test_a_batch_that_runs_alone_uses_the_lone_backend_and_load_uses_the_workers() -> None:
+    """Adaptive parallelism: with nothing else running or queued a batch goes to the lone
+    backend (every core); a request arriving meanwhile goes to the idle worker at once, on the
+    one-thread backend; every request gets its rows."""
+    workers, lone = RecordingBackend(), RecordingBackend()
+    lone.gate.clear()
+    stats: list[BatchStats] = []
+    batcher = Batcher(
+        workers,
+        max_batch_size=32,
+        max_queue_size=100,
+        workers=2,
+        lone_backend=lone,
+        lone_threads=2,
+        on_batch=stats.append,
+    )
+
+    async def body() -> list[Any]:
+        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await asyncio.sleep(0)
+        assert batcher.running == 1 and batcher.lone_batches == 1  # on the lone backend, held at its gate
+        answer = await batcher.submit([2], [0], 5.0)  # answered while the lone batch is still held
+        assert not first.done()
+        lone.gate.set()
+        return [await first, answer]
+
+    first, second = run(_with(batcher, body()))
+    assert int(first[0][0]) == 1 and int(second[0][0]) == 2
+    assert lone.batches == [[1]] and workers.batches == [[2]]
+    assert sorted(s.threads for s in stats) == [1, 2] and batcher.lone_batches == 1
+
+
+def test_a_request_that_leaves_work_queued_does_not_run_alone() -> None:
+    """A batch is lone only when nothing is left queued: a request of two buckets runs both
+    batches side by side on the one-thread workers."""
+    workers, lone = RecordingBackend(), RecordingBackend()
+    batcher = Batcher(workers, max_batch_size=32, max_queue_size=100, workers=2, lone_backend=lone)
+    rows = run(_with(batcher, batcher.submit([1, 2], [0, 1], 5.0)))
+    assert [int(r[0]) for r in rows] == [1, 2]
+    assert lone.batches == [] and sorted(workers.batches) == [[1], [2]]

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from serving.bundle import Manifest, read_manifest, sha256_file, verify_bundle
 from serving.hardware import HardwareInfo
-from serving.service import candidate_variants
+from serving.selection import candidate_variants
 from tests.models import minimal_manifest
 from tests.servers import running_server
 

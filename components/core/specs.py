@@ -13,51 +13,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from components.core.errors import InvalidSpecError, and_list, did_you_mean
 from serving.contracts import TaskOptions, UnknownTaskError, contract_names, get_contract
 from serving.gates import GateTable, gate
-
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Target:
-    """A named hardware preset. An optimized graph is specific to the hardware it was built for."""
-
-    name: str
-    execution_providers: tuple[str, ...]
-    precisions: tuple[str, ...]
-    # ORT graph optimization level applied offline before shipping. "extended" is safe across
-    # CPUs of one architecture; "all" would bake in CPU-specific layouts, so we never ship it.
-    offline_optimization_level: Literal["disabled", "basic", "extended"]
-    use_gpu_fusions: bool
-    description: str
-
-
-TARGETS: dict[str, Target] = {
-    "cpu": Target(
-        name="cpu",
-        execution_providers=("CPUExecutionProvider",),
-        precisions=("fp32", "int8"),
-        offline_optimization_level="extended",
-        use_gpu_fusions=False,
-        description="x86-64/ARM64 CPUs with ONNX Runtime's CPU execution provider",
-    ),
-    "cuda": Target(
-        name="cuda",
-        execution_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
-        precisions=("fp16", "fp32"),
-        # A CUDA session cannot be created without a GPU, so ORT-level offline optimization is
-        # left to the server (online); the transformer fusions are applied offline.
-        offline_optimization_level="disabled",
-        use_gpu_fusions=True,
-        description="NVIDIA GPUs with ONNX Runtime's CUDA execution provider",
-    ),
-}
+from serving.targets import PRECISIONS, TARGETS, Target  # the target table; importable from here too
 
 
 def get_target(name: str) -> Target:
