@@ -146,6 +146,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from serving.bundle import read_manifest, read_verified
+    from serving.contracts import TextSettings
     from serving.hardware import this_machine
     from serving.runtime import plan_for
     from serving.tasks import get_task
@@ -154,11 +155,12 @@ def main() -> int:
     bundle = Path(args.bundle)
     manifest = read_manifest(bundle)
     variant = manifest.variant(args.variant)
-    if manifest.tokenizer is None:
+    settings = manifest.task_settings
+    if not isinstance(settings, TextSettings):
         raise SystemExit(f"{bundle}: engine_options measures text bundles (no tokenizer here)")
     model = read_verified(bundle, manifest, variant.file)
-    tokenizer = read_verified(bundle, manifest, manifest.tokenizer.file).decode()
-    encoder = TextEncoder(tokenizer, max_tokens=manifest.tokenizer.max_length, truncate=True, buckets=(8,))
+    tokenizer = read_verified(bundle, manifest, settings.tokenizer.file).decode()
+    encoder = TextEncoder(tokenizer, max_tokens=settings.tokenizer.max_length, truncate=True, buckets=(8,))
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     payloads = list(encoder.encode(queries).payloads)
     tokens = float(np.mean([len(p) for p in payloads]))

@@ -490,14 +490,16 @@ def int8_peak_share(bundle: Path, variant: str) -> dict[str, float]:
 
     from bench.engine_options import int8_macs_per_token, int8_peak
     from serving.bundle import read_manifest, read_verified
+    from serving.contracts import TextSettings
     from serving.text import TextEncoder
 
     manifest = read_manifest(bundle)
     model = read_verified(bundle, manifest, manifest.variant(variant).file)
-    assert manifest.tokenizer is not None
+    settings = manifest.task_settings
+    assert isinstance(settings, TextSettings), "bench/serve_load.py measures text bundles"
     encoder = TextEncoder(
-        read_verified(bundle, manifest, manifest.tokenizer.file).decode(),
-        max_tokens=manifest.tokenizer.max_length,
+        read_verified(bundle, manifest, settings.tokenizer.file).decode(),
+        max_tokens=settings.tokenizer.max_length,
         truncate=True,
         buckets=(8,),
     )

@@ -411,9 +411,9 @@ def test_several_texts_are_tokenized_off_the_event_loop(tiny_bundle: Path) -> No
     from serving.text import TextEncoder
 
     manifest = read_manifest(tiny_bundle)
-    assert manifest.tokenizer is not None
-    tokenizer_json = (tiny_bundle / manifest.tokenizer.file).read_text()
-    encoder = TextEncoder(tokenizer_json, max_tokens=manifest.tokenizer.max_length, truncate=True, buckets=(8, 16))
+    tokenizer = manifest.task_settings.tokenizer
+    tokenizer_json = (tiny_bundle / tokenizer.file).read_text()
+    encoder = TextEncoder(tokenizer_json, max_tokens=tokenizer.max_length, truncate=True, buckets=(8, 16))
 
     async def loop_turns_while_encoding(texts: list[str]) -> tuple[int, list[list[int]]]:
         turns, done = 0, False
