@@ -135,12 +135,41 @@ def docker_runner(image: str, run_id: str) -> Any:
                 ) from None
     finally:
         client.close()
+    from kfp.local import docker_task_handler
+
+    docker_task_handler.run_docker_container = run_step_container
     return local.DockerRunner(
         user=f"{os.getuid()}:{os.getgid()}",
         network_mode="host",
         environment={"HOME": "/tmp"},
         labels={RUN_LABEL: run_id},
     )
+
+
+def run_step_container(client: Any, image: str, command: list[str], volumes: dict[str, Any], **args: Any) -> int:
+    """kfp.local's step runner (`docker_task_handler.run_docker_container`) without auto-removal:
+    it starts the container with `auto_remove=True`, and when a quick step (the gate) exits and
+    is removed before docker-py inspects it, podman's Docker API answers 500 "no such container"
+    where Docker answers 404, and the run fails after every step passed. Here the step's exit
+    status is waited for and read, then the container is removed; logs stream as kfp.local's do."""
+    from kfp.local.docker_task_handler import add_latest_tag_if_not_present
+
+    image = add_latest_tag_if_not_present(image=image)
+    try:
+        client.images.get(image)
+        print(f"Found image {image!r}\n")
+    except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound: docker_runner checked it can be pulled
+        client.images.pull(image)
+    container = client.containers.run(
+        image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **args
+    )
+    try:
+        for line in container.logs(stream=True):
+            print(line.decode(), end="")
+        return int(container.wait()["StatusCode"])
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
 
 
 def _docker_client() -> Any:
