@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,13 @@ from torch import nn
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, ModelLoadError, one_line
 from components.core.exporters.families import FAMILIES
-from components.core.exporters.text_embedding import save_tokenizer_json, tokenize_reference
+from components.core.exporters.text_embedding import (
+    save_tokenizer_json,
+    tokenize_reference,
+    tokenizer_settings,
+    torch_text_latency,
+)
 from components.core.specs import ExportSpec
-from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
 from serving.contracts import TextOptions
 
@@ -73,6 +76,12 @@ def weights_file(model_dir: Path) -> Path:
         if (model_dir / name).is_file():
             return model_dir / name
     raise ModelLoadError(f"no weights in {model_dir} (expected model.safetensors or pytorch_model.bin)")
+
+
+def config_labels(config: Any, classes: int) -> list[str]:
+    """The config's `id2label` names for `classes` outputs (`LABEL_i` where it names none)."""
+    id2label = getattr(config, "id2label", None) or {}
+    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(classes)]
 
 
 def activation_of(config: Any) -> str:
@@ -249,16 +258,9 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     arrays.update(outputs=outputs, **inputs)
     np.savez_compressed(out_dir / "reference.npz", **arrays)
 
-    torch_latency = {}
-    with torch.inference_mode():
-        for key, (batch, seq) in text_bench_shapes(max_length).items():
-            feeds = synthetic_text_batch(batch, seq, list(names), vocab_size=int(config.vocab_size))
-            torch_latency[key] = measure_latency(
-                partial(module, *[torch.from_numpy(feeds[n]) for n in names]), budget_s=3.0
-            )
+    torch_latency = torch_text_latency(module, names, max_length, int(config.vocab_size))
 
-    id2label = getattr(config, "id2label", None) or {}
-    labels = [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(classes)]
+    labels = config_labels(config, classes)
     result = ExportResult(
         task="text-classification",
         name=spec.name,
@@ -291,14 +293,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         torch_latency=torch_latency,
         versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
         task_settings={
-            "tokenizer": {
-                "file": "tokenizer.json",
-                "max_length": max_length,
-                "truncation": True,
-                "padding": "longest",
-                "pad_token_id": int(tokenizer.pad_token_id or 0),
-                "model_input_names": list(names),
-            },
+            "tokenizer": tokenizer_settings(tokenizer, max_length, names),
             "classification": {"activation": activation, "pairs": pairs},
             "labels": labels,
         },

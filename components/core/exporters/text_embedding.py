@@ -266,6 +266,32 @@ def save_tokenizer_json(tokenizer: Any, path: Path) -> None:
     backend.save(str(path))
 
 
+def tokenizer_settings(tokenizer: Any, max_length: int, input_names: tuple[str, ...]) -> dict[str, Any]:
+    """The manifest's tokenizer section of a text export (serving.contracts.TokenizerSettings)."""
+    return {
+        "file": "tokenizer.json",
+        "max_length": max_length,
+        "truncation": True,
+        "padding": "longest",
+        "pad_token_id": int(tokenizer.pad_token_id or 0),
+        "model_input_names": list(input_names),
+    }
+
+
+def torch_text_latency(
+    module: nn.Module, input_names: tuple[str, ...], max_length: int, vocab_size: int
+) -> dict[str, dict[str, float]]:
+    """PyTorch's latency at the text benchmark shapes (b1x16, b16x128 within `max_length`), on
+    random token ids: what each variant's speed-up is measured against."""
+    latency = {}
+    with torch.inference_mode():
+        for key, (batch, seq) in text_bench_shapes(max_length).items():
+            feeds = synthetic_text_batch(batch, seq, list(input_names), vocab_size=vocab_size)
+            tensors = [torch.from_numpy(feeds[n]) for n in input_names]
+            latency[key] = measure_latency(partial(module, *tensors), budget_s=3.0)
+    return latency
+
+
 def tokenize_reference(
     tokenizer_file: Path,
     hf_tokenizer: Any,
@@ -504,12 +530,7 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
         encoder.set_attn_implementation("sdpa")
     except (AttributeError, ValueError):
         pass  # this architecture has only eager attention
-    torch_latency = {}
-    with torch.inference_mode():
-        for key, (batch, seq) in text_bench_shapes(max_length).items():
-            feeds = synthetic_text_batch(batch, seq, list(input_names), vocab_size=int(config.vocab_size))
-            tensors = [torch.from_numpy(feeds[n]) for n in input_names]
-            torch_latency[key] = measure_latency(partial(module, *tensors), budget_s=3.0)
+    torch_latency = torch_text_latency(module, input_names, max_length, int(config.vocab_size))
 
     source = {
         "kind": "huggingface",
@@ -546,14 +567,7 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "onnx": onnx.__version__,
         },
         task_settings={
-            "tokenizer": {
-                "file": "tokenizer.json",
-                "max_length": max_length,
-                "truncation": True,
-                "padding": "longest",
-                "pad_token_id": int(tokenizer.pad_token_id or 0),
-                "model_input_names": list(input_names),
-            },
+            "tokenizer": tokenizer_settings(tokenizer, max_length, input_names),
             "pooling": {"mode": pooling_config["mode"], "normalize": bool(pooling_config["normalize"])},
         },
         extra_files=["tokenizer.json"],

@@ -17,7 +17,6 @@ import inspect
 import logging
 import time
 import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,14 @@ from torch import nn
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, one_line
 from components.core.exporters.families import FAMILIES
-from components.core.exporters.text_classification import load_checkpoint, max_length_for, weights_file
-from components.core.exporters.text_embedding import save_tokenizer_json, tokenize_reference
+from components.core.exporters.text_classification import config_labels, load_checkpoint, max_length_for, weights_file
+from components.core.exporters.text_embedding import (
+    save_tokenizer_json,
+    tokenize_reference,
+    tokenizer_settings,
+    torch_text_latency,
+)
 from components.core.specs import ExportSpec
-from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
 from serving.contracts.token_classification import TokenOptions
 
@@ -144,16 +147,9 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     arrays: dict[str, Any] = {"task": np.array(spec.task), "input_names": np.array(names), "texts": np.array(texts)}
     np.savez_compressed(out_dir / "reference.npz", **{**arrays, **inputs, "outputs": outputs})
 
-    torch_latency = {}
-    with torch.inference_mode():
-        for key, (batch, seq) in text_bench_shapes(max_length).items():
-            feeds = synthetic_text_batch(batch, seq, list(names), vocab_size=int(config.vocab_size))
-            torch_latency[key] = measure_latency(
-                partial(module, *[torch.from_numpy(feeds[n]) for n in names]), budget_s=3.0
-            )
+    torch_latency = torch_text_latency(module, names, max_length, int(config.vocab_size))
 
-    id2label = getattr(config, "id2label", None) or {}
-    labels = [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(classes)]
+    labels = config_labels(config, classes)
     family = FAMILIES.get(str(config.model_type))
     result = ExportResult(
         task=spec.task,
@@ -186,14 +182,7 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         torch_latency=torch_latency,
         versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
         task_settings={
-            "tokenizer": {
-                "file": "tokenizer.json",
-                "max_length": max_length,
-                "truncation": True,
-                "padding": "longest",
-                "pad_token_id": int(tokenizer.pad_token_id or 0),
-                "model_input_names": list(names),
-            },
+            "tokenizer": tokenizer_settings(tokenizer, max_length, names),
             "labels": labels,
             "aggregation": spec.options_as(TokenOptions).aggregation or "first",
         },
