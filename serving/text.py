@@ -206,6 +206,24 @@ def _count_time(started: float) -> None:
         ctx.tokenize_s += time.perf_counter() - started
 
 
+class TokenizedRuntime:
+    """What every text task's runtime shares: texts are token payloads of no cost beyond the
+    token budget, warmed up at every bucket of its `encoder`, and probed with `_probe` (the
+    bundle's tokenizer at its own max length: `probe_prepare`)."""
+
+    encoder: TextEncoder
+    _probe: Any
+
+    def item_cost(self) -> tuple[None, float]:
+        return None, float("inf")
+
+    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
+        return list(self.encoder.warm_up_batches(max_batch_size))
+
+    def probe_prepare(self) -> Any:
+        return self._probe
+
+
 def _check_deadline() -> None:
     ctx = context.current()
     if ctx is not None:

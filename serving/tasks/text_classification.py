@@ -24,11 +24,11 @@ from serving.contracts.text_classification import TextClassificationSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import probability_metrics, rank_agreement
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
-from serving.tasks.contract import LoadContext, Prepare, ServingTask
-from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
+from serving.tasks.contract import LoadContext, ServingTask
+from serving.text import Encoded, TextEncoder, TokenizedRuntime, parse_text_input, probe_prepare, v2_texts
 
 
-class TextClassificationRuntime:
+class TextClassificationRuntime(TokenizedRuntime):
     def __init__(self, ctx: LoadContext) -> None:
         manifest, config = ctx.manifest, ctx.config
         settings = manifest.task_settings
@@ -44,15 +44,6 @@ class TextClassificationRuntime:
         self.backend = _backend(ctx.session, manifest.model_dump())
         self.batching = f"buckets {self.encoder.buckets}"
         self._probe = probe_prepare(manifest.model_dump(), ctx.files)
-
-    def item_cost(self) -> tuple[None, float]:
-        return None, float("inf")
-
-    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        return list(self.encoder.warm_up_batches(max_batch_size))
-
-    def probe_prepare(self) -> Prepare:
-        return self._probe
 
     async def encode(self, texts: list[str], where: str, pairs_with: str | None = None) -> Encoded:
         if len(texts) > self.max_items:

@@ -18,11 +18,11 @@ from serving.contracts.text_embedding import TextEmbeddingSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import embedding_metrics
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of, space_headers
-from serving.tasks.contract import LoadContext, Prepare, ServingTask
-from serving.text import Encoded, TextEncoder, parse_text_input, probe_prepare, v2_texts
+from serving.tasks.contract import LoadContext, ServingTask
+from serving.text import Encoded, TextEncoder, TokenizedRuntime, parse_text_input, probe_prepare, v2_texts
 
 
-class TextEmbeddingRuntime:
+class TextEmbeddingRuntime(TokenizedRuntime):
     """A loaded text-embedding variant: its tokenizer (with the server's limits) and backend."""
 
     output_name = "sentence_embedding"
@@ -39,15 +39,6 @@ class TextEmbeddingRuntime:
         self.backend = _backend(ctx.session, manifest.model_dump())
         self.batching = f"buckets {self.encoder.buckets}"
         self._probe = probe_prepare(manifest.model_dump(), ctx.files)
-
-    def item_cost(self) -> tuple[None, float]:
-        return None, float("inf")
-
-    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        return list(self.encoder.warm_up_batches(max_batch_size))
-
-    def probe_prepare(self) -> Prepare:
-        return self._probe
 
     async def encode(self, texts: list[str] | None, ids: list[list[int]] | None, where: str) -> Encoded:
         count = len(texts or ids or [])

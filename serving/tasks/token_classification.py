@@ -26,8 +26,8 @@ from serving.backend import TextEmbeddingBackend
 from serving.contracts.token_classification import PAD, TokenClassificationSettings, token_metrics
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
-from serving.tasks.contract import LoadContext, Prepare, ServingTask
-from serving.text import Encoded, TextEncoder, probe_prepare, v2_texts
+from serving.tasks.contract import LoadContext, ServingTask
+from serving.text import Encoded, TextEncoder, TokenizedRuntime, probe_prepare, v2_texts
 
 INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
 
@@ -179,7 +179,7 @@ def _backend(session: Any, fields: dict[str, Any]) -> TokenTaggerBackend:
     )
 
 
-class TokenClassificationRuntime:
+class TokenClassificationRuntime(TokenizedRuntime):
     output_name = "probabilities"
 
     def __init__(self, ctx: LoadContext) -> None:
@@ -196,15 +196,6 @@ class TokenClassificationRuntime:
         self.backend = _backend(ctx.session, manifest.model_dump())
         self.batching = f"buckets {self.encoder.buckets}"
         self._probe = probe_prepare(manifest.model_dump(), ctx.files)
-
-    def item_cost(self) -> tuple[None, float]:
-        return None, float("inf")
-
-    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        return list(self.encoder.warm_up_batches(max_batch_size))
-
-    def probe_prepare(self) -> Prepare:
-        return self._probe
 
     def _tokenize(self, texts: list[str]) -> tuple[list[Any], Encoded]:
         encodings = self.encoder.tokenizer.encode_batch(list(self.encoder.bound(texts)))
