@@ -22,6 +22,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from components.core.errors import InvalidSpecError, did_you_mean
+from components.core.specs import unknown_task
 from components.core.tasks.family import TaskFamily
 
 if TYPE_CHECKING:
@@ -48,9 +49,7 @@ def get_family(task: str) -> TaskFamily:
     try:
         return families[task]
     except KeyError:
-        raise InvalidSpecError(
-            f"unknown task {task!r} (known: {', '.join(families)}){did_you_mean(task, families)}"
-        ) from None
+        raise InvalidSpecError(unknown_task(task)) from None  # the registries name the same tasks
 
 
 def task_names() -> tuple[str, ...]:
