@@ -129,15 +129,6 @@ class BatchStats:
     threads: int = 1  # intra-op threads of the session that ran it (more for a lone batch)
 
 
-def token_count(payload: Any) -> int | None:
-    """Tokens of a text payload (a 1-D integer id array, or anything with such `ids`); None for
-    other payloads (an image's `len` is its height, not tokens)."""
-    ids = getattr(payload, "ids", payload)
-    if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype.kind in "iu":
-        return len(ids)
-    return None
-
-
 class Batcher:
     def __init__(
         self,
@@ -150,6 +141,7 @@ class Batcher:
         on_batch: Any = None,
         item_cost: Any = None,
         max_batch_cost: float = math.inf,
+        item_tokens: Callable[[Any], int] | None = None,
         max_batch_tokens: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         lone_backend: Backend | None = None,
@@ -164,6 +156,8 @@ class Batcher:
         self.item_cost = item_cost
         self.max_batch_cost = max_batch_cost
         self.max_batch_size = max_batch_size
+        # The runtime says what a payload costs in tokens (text) or has none (None: images).
+        self.item_tokens = item_tokens
         # Text batches also stop at `max_batch_tokens` padded tokens (texts x the longest; 0: no
         # limit; a batch always holds one text): a batch of 32 texts of 256 tokens takes over a
         # second on one core, and every request waiting for a worker waits for it.
@@ -337,8 +331,8 @@ class Batcher:
                         full = True
                         break
                     cost += item
-                tokens = token_count(payload)
-                if tokens is not None:
+                if self.item_tokens is not None:
+                    tokens = self.item_tokens(payload)
                     if batch and max(width, tokens) * (len(batch) + 1) > self.max_batch_tokens:
                         full = True
                         break
@@ -441,11 +435,8 @@ class Batcher:
         rate = len(batch) / max(seconds, 1e-6) * self.workers
         self.items_per_second = rate if self.items_per_second == 0 else 0.9 * self.items_per_second + 0.1 * rate
         if self.on_batch is not None:
-            counted = [token_count(payload) for _, _, payload in batch]
-            lengths = [n for n in counted if n is not None]
-            text = len(lengths) == len(batch)  # images and other payloads have no tokens
-            real = sum(lengths) if text else 0
-            padded = max(lengths) * len(batch) if text else 0
+            lengths = [self.item_tokens(payload) for _, _, payload in batch] if self.item_tokens else [0]
+            real, padded = sum(lengths), max(lengths) * len(batch)  # 0 for payloads without tokens
             self.on_batch(
                 BatchStats(
                     bucket=job.bucket,

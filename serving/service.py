@@ -140,6 +140,7 @@ def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_b
         on_batch=metrics.observe_batch,
         item_cost=item_cost,
         max_batch_cost=max_cost,
+        item_tokens=runtime.item_tokens(),
         max_batch_tokens=config.max_batch_tokens,
         lone_backend=lone_backend,
         lone_threads=config.lone_thread_count if lone_backend is not None else 1,

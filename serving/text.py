@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +206,11 @@ def _count_time(started: float) -> None:
         ctx.tokenize_s += time.perf_counter() - started
 
 
+def payload_tokens(payload: Any) -> int:
+    """Tokens of one text payload: an int64 id array or a TokenPair (its len() is its tokens)."""
+    return len(payload)
+
+
 class TokenizedRuntime:
     """What every text task's runtime shares: texts are token payloads of no cost beyond the
     token budget, warmed up at every bucket of its `encoder`, and probed with `_probe` (the
@@ -216,6 +221,9 @@ class TokenizedRuntime:
 
     def item_cost(self) -> tuple[None, float]:
         return None, float("inf")
+
+    def item_tokens(self) -> Callable[[Any], int]:
+        return payload_tokens
 
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
         return list(self.encoder.warm_up_batches(max_batch_size))

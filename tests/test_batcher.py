@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.batcher import Batcher, BatchStats, token_count
+from serving.batcher import Batcher, BatchStats
 from serving.context import RequestContext, bind, unbind
 from serving.errors import (
     DeadlineExceededError,
@@ -21,6 +21,7 @@ from serving.errors import (
     OverloadedError,
     PayloadTooLargeError,
 )
+from serving.text import TokenPair, payload_tokens
 
 
 class RecordingBackend:
@@ -364,9 +365,10 @@ def test_timings_reach_the_request_context() -> None:
 
 
 def test_only_text_batches_count_tokens() -> None:
-    """An image's len() is its height: image batches must not feed the token and padding metrics."""
-    assert token_count(np.arange(7, dtype=np.int64)) == 7
-    assert token_count(np.zeros((480, 640, 3), dtype=np.uint8)) is None
+    """The runtime says what a payload costs in tokens: an image's len() is its height, so image
+    batches (no `item_tokens`) must not feed the token and padding metrics."""
+    assert payload_tokens(np.arange(7, dtype=np.int64)) == 7
+    assert payload_tokens(TokenPair(np.arange(4), np.zeros(4, dtype=np.int64))) == 4
     stats: list[BatchStats] = []
     backend = RecordingBackend()
     images = [np.zeros((48, 64, 3), dtype=np.uint8), np.zeros((48, 64, 3), dtype=np.uint8)]
@@ -379,7 +381,14 @@ def test_only_text_batches_count_tokens() -> None:
     batcher = Batcher(ImageBackend(), max_batch_size=4, max_queue_size=10, workers=1, on_batch=stats.append)
     run(_with(batcher, batcher.submit(images, [(48, 64)] * 2, 5.0)))
     assert stats and all(s.real_tokens == 0 and s.padded_tokens == 0 for s in stats)
-    texts = Batcher(RecordingBackend(), max_batch_size=4, max_queue_size=10, workers=1, on_batch=stats.append)
+    texts = Batcher(
+        RecordingBackend(),
+        max_batch_size=4,
+        max_queue_size=10,
+        workers=1,
+        on_batch=stats.append,
+        item_tokens=payload_tokens,
+    )
     ids = [np.arange(3, dtype=np.int64), np.arange(5, dtype=np.int64)]
 
     class TextBackend:
@@ -416,7 +425,9 @@ def test_text_batches_stop_at_their_token_budget() -> None:
             assert gate.wait(5)
             return super().run(payloads)
 
-    batcher = Batcher(Gated(), max_batch_size=32, max_queue_size=100, workers=1, max_batch_tokens=25)
+    batcher = Batcher(
+        Gated(), max_batch_size=32, max_queue_size=100, workers=1, item_tokens=payload_tokens, max_batch_tokens=25
+    )
     ids = [np.arange(n, dtype=np.int64) for n in (10, 10, 10, 12, 30, 5)]
 
     async def body() -> None:

@@ -105,3 +105,24 @@ def test_build_spec_checks_overrides_before_any_work(overrides: dict[str, dict[s
 def test_threshold_rejects_nan() -> None:
     with pytest.raises(InvalidSpecError, match="must be a number"):
         ParityThresholds.of(CONTRACT.gates, max_abs_diff=float("nan"))
+
+
+def test_pipeline_parameters_carry_the_checked_spec_unchanged() -> None:
+    """The CLI checks one BuildSpec and passes it to the pipeline as parameters; the export step
+    reads the same export spec back, and each target's precisions and the gates travel as given."""
+    from components.core.build import export_spec_from_parameters, pipeline_parameters
+
+    spec = BuildSpec(
+        export=ExportSpec(source="/models/minilm", task="text-embedding", name="minilm", options={"max_length": 64}),
+        variants=tuple(variant_grid(["cpu", "cuda"], ["fp32", "int8"])),
+        threshold_overrides={"int8": {"min_cosine": 0.98}},
+        version="7",
+        int8_recipe="dynamic-per-channel",
+    )
+    params = pipeline_parameters(spec)
+    assert export_spec_from_parameters(params, source="/models/minilm", default_name="other") == spec.export
+    assert params["task_options"] == {"max_length": 64}
+    assert params["cpu_precisions"] == ["fp32", "int8"]
+    assert params["cuda_precisions"] == [v.precision for v in spec.variants if v.target == "cuda"]
+    assert params["thresholds"] == {"int8": {"min_cosine": 0.98}}
+    assert (params["version"], params["int8_recipe"]) == ("7", "dynamic-per-channel")

@@ -62,6 +62,28 @@ def export_parameters(
     }
 
 
+def pipeline_parameters(spec: BuildSpec) -> dict[str, Any]:
+    """The pipeline's parameters that carry a checked BuildSpec (the CLI builds and checks one
+    spec, then passes it as these): the export's (`export_parameters`), the gate overrides, the
+    int8 recipe, the version and each target's precisions. `export_spec_from_parameters` reads
+    the export back unchanged."""
+    export = spec.export
+    targets = dict.fromkeys(v.target for v in spec.variants)
+    return {
+        **export_parameters(
+            task=export.task,
+            name=export.name,
+            task_options=export.options.given(),
+            allow_degenerate_reference=export.allow_degenerate_reference,
+        ),
+        "thresholds": {precision: dict(values) for precision, values in spec.threshold_overrides.items()},
+        "int8_recipe": spec.int8_recipe or "",
+        "version": spec.version,
+        "allow_off_target_validation": spec.allow_off_target_validation,
+        **{f"{t}_precisions": [v.precision for v in spec.variants if v.target == t] for t in targets},
+    }
+
+
 def export_spec_from_parameters(params: Mapping[str, Any], *, source: str, default_name: str) -> ExportSpec:
     """The ExportSpec of the export step's parameters (`export_parameters`); validated (the task
     and its options against its contract), so a bad value fails here, before any heavy work."""

@@ -22,7 +22,7 @@ from pipelines.cli.options import (
     add_variants,
     csv_list,
 )
-from pipelines.cli.pipeline_arguments import graph_options, pipeline_arguments, validate_arguments
+from pipelines.cli.pipeline_arguments import checked_spec, graph_options, pipeline_arguments
 
 DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"  # pipelines.submit.DEFAULT_PIPELINE_ROOT
 
@@ -244,7 +244,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             )
         arguments.update(extra)
         precisions = [p for t in targets for p in arguments.get(f"{t}_precisions", [])]
-        validate_arguments(
+        checked_spec(  # the arguments as submitted, --params included
             arguments, source=str(arguments["model_uri"]), default_name=name, targets=targets, precisions=precisions
         )
     for key in ("credentials_secret", "signing_secret"):

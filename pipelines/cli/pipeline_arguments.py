@@ -7,9 +7,12 @@ import argparse
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.cli.options import csv_list, model_parameters, threshold_overrides
+
+if TYPE_CHECKING:
+    from components.core.specs import BuildSpec
 
 
 def pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[str], dict[str, Any], str]:
@@ -54,14 +57,14 @@ def pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[s
         publish_to=(args.publish_to or "").strip(),
         **_baseline_parameters(args, local=local),
     )
-    targets = validate_arguments(
+    spec = checked_spec(
         arguments,
         source=source,
         default_name=name,
         targets=csv_list(args.targets),
         precisions=csv_list(args.precisions),
     )
-    return targets, arguments, str(arguments["name"])
+    return targets_of(spec), arguments, spec.export.name
 
 
 def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, Any]:
@@ -132,31 +135,28 @@ def _validate_baseline(arguments: dict[str, Any]) -> None:
         )
 
 
-def validate_arguments(
+def checked_spec(
     arguments: dict[str, Any], *, source: str, default_name: str, targets: list[str], precisions: list[str]
-) -> list[str]:
-    """Check pipeline arguments as the steps will read them (the export spec, every variant's
-    gate, the publish destination); fill in the name and the per-target precisions; return the
-    targets in use."""
-    from components.core.build import export_spec_from_parameters
+) -> BuildSpec:
+    """The one BuildSpec these pipeline arguments describe, checked as the steps will read it (the
+    export spec, every variant's gate, the baseline comparison, the publish destination).
+    `arguments` are rewritten from it (`pipeline_parameters`: the name filled in, each target's
+    precisions), so the steps read exactly the spec that was checked."""
+    from components.core.build import export_spec_from_parameters, pipeline_parameters
     from components.core.errors import InvalidSpecError
     from components.core.specs import BuildSpec, variant_grid
     from components.core.tasks import check_build_spec
 
-    spec = export_spec_from_parameters(arguments, source=source, default_name=default_name)
-    variants = variant_grid(targets, precisions)
-    check_build_spec(
-        BuildSpec(
-            export=spec,
-            variants=tuple(variants),
-            threshold_overrides=arguments.get("thresholds") or {},
-            int8_recipe=arguments.get("int8_recipe") or None,
-        )
+    spec = BuildSpec(
+        export=export_spec_from_parameters(arguments, source=source, default_name=default_name),
+        variants=tuple(variant_grid(targets, precisions)),
+        threshold_overrides=arguments.get("thresholds") or {},
+        version=str(arguments["version"]),
+        allow_off_target_validation=bool(arguments.get("allow_off_target_validation", False)),
+        int8_recipe=arguments.get("int8_recipe") or None,
     )
-    arguments["name"] = spec.name
-    in_use = list(dict.fromkeys(v.target for v in variants))
-    for target in in_use:
-        arguments[f"{target}_precisions"] = [v.precision for v in variants if v.target == target]
+    check_build_spec(spec)
+    arguments.update(pipeline_parameters(spec))
     _validate_baseline(arguments)
     publish_to = arguments.get("publish_to") or ""
     if publish_to:
@@ -175,7 +175,12 @@ def validate_arguments(
                 raise InvalidSpecError(f"--publish-to names a digest; give a repository or a tag: {publish_to}")
             if not ref.tag:
                 OciReference.parse(f"{publish_to}:{arguments['version']}")  # the version must be a valid tag
-    return in_use
+    return spec
+
+
+def targets_of(spec: BuildSpec) -> list[str]:
+    """The targets that have a variant in `spec`, in order (a pipeline branch each)."""
+    return list(dict.fromkeys(v.target for v in spec.variants))
 
 
 def graph_options(args: argparse.Namespace, targets: list[str]) -> Any:

@@ -69,7 +69,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     from components.core.build import build_bundle, resolve_version
     from components.core.report import format_summary
     from components.core.specs import BuildSpec, variant_grid
-    from components.core.tasks import check_build_spec
 
     spec = BuildSpec(
         export=export_spec(args),
@@ -79,8 +78,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         allow_off_target_validation=args.allow_off_target_validation,
         int8_recipe=args.int8_recipe or None,
     )
-    check_build_spec(spec)
-    result = build_bundle(
+    result = build_bundle(  # checks the spec before any heavy work
         spec, Path(args.out), force=args.force, work_dir=Path(args.work_dir) if args.work_dir else None
     )
     print(format_summary(result.export, result.records))

@@ -42,6 +42,11 @@ class TaskRuntime(Protocol):
         """(cost of one payload, most cost per batch): images are capped in pixels per batch."""
         ...
 
+    def item_tokens(self) -> Callable[[Any], int] | None:
+        """Tokens of one payload (text: the token budget and padding metrics count them); None
+        when payloads are not tokens (an image's len() is its height)."""
+        ...
+
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
         """Batches of payloads that touch every shape the server will run (biggest first)."""
         ...

@@ -85,6 +85,9 @@ class ImageClassificationRuntime:
     def item_cost(self) -> tuple[Any, float]:
         return (lambda p: p.shape[0] * p.shape[1]), float(self.max_batch_pixels)
 
+    def item_tokens(self) -> None:
+        return None
+
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
         """The crop size, VGA both ways and 1080p at batch 1, and a batch of 8 VGA images."""
 
