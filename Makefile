@@ -118,4 +118,4 @@ images:
 # deploy/'s container spec, podman kube play, a KServe modelcar from a real registry.
 test-images: $(STAMP)
 	IMAGE_REPO=$(IMAGE_REPO) images/build.sh serve component
-	$(PY) -m pytest -m images tests/test_containers.py
+	$(PY) -m pytest -m images tests/end_to_end/test_containers.py

@@ -16,18 +16,23 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # servers) inherit it.
 os.environ.setdefault("ORTPACK_TIMING", "quick")
 
-# The trained-model tests (minutes each, every core busy in ONNX Runtime and PyTorch). `make test`
-# runs the suite on two pytest-xdist workers with `--dist loadgroup`, which here means the
-# scheduler below: these run one after another on one worker, scheduled first, while the other
-# worker takes the rest; every other module stays whole on one worker, so its module fixtures are
-# built once. Two of them at once on two cores only slowed both (all-MiniLM-L6-v2's build: 165 s
-# alone, 313 s beside MPNet's). xdist's own loadgroup marks do not work with pytest 9 (it renames
-# `item._nodeid`, which pytest 9 no longer reads), hence a scheduler that groups by module name.
-TRAINED_MODULES = ("test_mpnet.py", "test_minilm.py", "test_trained_image.py", "test_trained_text.py")
+# The trained-model tests (end_to_end/trained/: minutes each, every core busy in ONNX Runtime and
+# PyTorch). `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`, which
+# here means the scheduler below: these run one after another on one worker, scheduled first,
+# while the other worker takes the rest; every other module stays whole on one worker, so its
+# module fixtures are built once. Two of them at once on two cores only slowed both
+# (all-MiniLM-L6-v2's build: 165 s alone, 313 s beside MPNet's). xdist's own loadgroup marks do
+# not work with pytest 9 (it renames `item._nodeid`, which pytest 9 no longer reads), hence a
+# scheduler that groups by folder.
+TRAINED = Path(__file__).resolve().parent / "end_to_end" / "trained"
+
+
+def _trained(path: Path) -> bool:
+    return path.resolve().parent == TRAINED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in TRAINED_MODULES)  # stable: the trained ones first
+    items.sort(key=lambda item: not _trained(item.path))  # stable: the trained ones first
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
@@ -38,7 +43,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     class TrainedTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "trained" if Path(module).name in TRAINED_MODULES else module
+            return "trained" if _trained(Path(config.rootpath, module)) else module
 
     return TrainedTogether(config, log)
 

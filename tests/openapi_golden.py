@@ -1,5 +1,5 @@
 """The OpenAPI document each task's server registers, as golden files (tests/golden/openapi-<task>.json):
-`python -m tests.openapi_golden` rewrites them; tests/test_routes.py checks them.
+`python -m tests.openapi_golden` rewrites them; tests/serving/test_routes.py checks them.
 
 Each document comes from the task's real runtime (its routes and schemas) opened on a synthetic
 manifest (tests/golden/openapi-<case>.manifest.json) with a tiny tokenizer and no model session:

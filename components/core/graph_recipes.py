@@ -98,7 +98,7 @@ def quantize_int8_dynamic(
     7 bits, not 8, because the numbers must not depend on the CPU: without AVX-512 VNNI (or
     AVX-VNNI, AMX) ONNX Runtime's u8 x s8 kernels add pairs of products in saturating int16, and
     255 * 127 * 2 overflows it while 255 * 64 * 2 does not; with 7-bit weights every x86-64 CPU
-    computes the exact integer result (tests/test_hardware.py emulates it). Measured on
+    computes the exact integer result (tests/components/test_hardware.py emulates it). Measured on
     all-MiniLM-L6-v2 (Xeon with AMX, one run): 8-bit weights min cosine 0.954 / mean 0.9914 /
     neighbours 0.918, b1x16 1.21 ms, b16x128 94 ms; 7-bit 0.949 / 0.9897 / 0.915, 1.29 ms,
     100 ms; u8 x u8 (also saturation-free) 0.948 / 0.9916 / 0.921 but 2.13 ms and 225 ms;

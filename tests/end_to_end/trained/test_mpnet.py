@@ -10,7 +10,7 @@ per-tensor recipe the same gate failed (min cosine 0.59, neighbour agreement 0.6
 enough for the suite. The int8 recipe is pinned (`int8_recipe`, what `--int8-recipe` sets) to the
 one the search chooses for this model at 128 tokens, per channel (docs/build.md: the search's
 table; with 8-bit embedding tables it misses the whole gate, 0.826 in padded batches): the search
-itself is exercised on MiniLM (tests/test_minilm.py), and on a 110 M-parameter model it builds five
+itself is exercised on MiniLM (tests/end_to_end/trained/test_minilm.py), and on a 110 M-parameter model it builds five
 candidates and gates two, about 8 minutes here.
 """
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,8 @@ from components.core.build import StepOutput, run_gate_step, run_package_step
 from components.core.errors import InvalidSpecError, NoVariantPassedError
 from components.core.package import Verdict
 from serving.bundle import verify_bundle
-from tests.test_submit import FakeKFP, fake_kfp, submit  # noqa: F401 - fake_kfp is a fixture
+from tests.cli import error_line, ortpack
+from tests.kfp_api import FakeKFP, submit
 
 pytestmark = pytest.mark.slow  # runs the pipeline's package step on built bundles
 
@@ -33,8 +32,8 @@ SECTION = "Compatibility with the baseline"
 @pytest.fixture(scope="module")
 def reseeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny-bert bundle (fp32) of another random checkpoint: the same shape, another space."""
+    from tests.components.test_compat import build
     from tests.models import make_tiny_bert
-    from tests.test_compat import build
 
     root = tmp_path_factory.mktemp("reseeded")
     return build(make_tiny_bert(root / "model", seed=1), root / "tiny-bert", ("fp32",))
@@ -221,19 +220,6 @@ def test_the_pipeline_passes_the_parameters_to_the_package_step() -> None:
 # ---------------------------------------------------------------------------- the command line
 
 
-def ortpack(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=900
-    )
-
-
-def error_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("ortpack: error:")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
-
-
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -277,7 +263,7 @@ def test_run_prints_the_compatibility_verdict(
     assert len(printed) == 1 and printed[0].startswith(f"compatibility: drop-in against the baseline {tiny_bundle}: ")
 
 
-def test_submit_passes_the_baseline_options(fake_kfp: str) -> None:  # noqa: F811 - the fixture
+def test_submit_passes_the_baseline_options(fake_kfp: str) -> None:
     def sent() -> tuple[Any, ...]:
         params = [r for r in FakeKFP.requests if r["method"] == "POST"][-1]["body"]["runtime_config"]["parameters"]
         return params["baseline_bundle"], params["require_compatible"], params["compatibility_budget"]

@@ -10,18 +10,13 @@ from pathlib import Path
 import pytest
 
 from serving.bundle import verify_bundle
+from tests.cli import ortpack
 
 pytestmark = pytest.mark.slow
 
 
 def ortpack_run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", "--pipeline-root", str(cwd / "runs"), *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=900,
-    )
+    return ortpack("run", "--pipeline-root", str(cwd / "runs"), *args, cwd=cwd)
 
 
 def _metrics(run_dir: Path, step: str) -> list[dict[str, float]]:
@@ -175,7 +170,7 @@ def test_checkpoint_from_s3_signed_and_published(tiny_bert: Path, tmp_path: Path
     from moto.server import ThreadedMotoServer
 
     from serving.signing import verify_signature
-    from tests.test_signing import make_key_pair
+    from tests.signed import make_key_pair
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

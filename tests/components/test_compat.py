@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from serving.bundle import BundleError, embedding_space, read_manifest, space_id
+from tests.cli import ortpack
 from tests.servers import free_port, running_server
 
 SPACE_ID = re.compile(r"^sha256:[0-9a-f]{16}$")
@@ -72,16 +73,6 @@ def spaces(bundle: Path) -> dict[str, dict[str, object]]:
     """variant id -> the space recorded in manifest.json, as written."""
     raw = json.loads((bundle / "manifest.json").read_text())
     return {v["id"]: v["space"] for v in raw["variants"]}
-
-
-def ortpack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

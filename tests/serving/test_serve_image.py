@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import ROOT
 from tests.servers import running_server
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+
 BUDGET_MB = 200
 
 

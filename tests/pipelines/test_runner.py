@@ -1,6 +1,6 @@
 """`ortpack run --runner docker` without an engine: its refusals, and the staging of local inputs
 under the pipeline root (the only directory kfp.local mounts into a step's container). The runs
-themselves are in tests/test_containers.py (marker `images`)."""
+themselves are in tests/end_to_end/test_containers.py (marker `images`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 from pipelines.local import stage_local_inputs
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
 
 
 def test_local_inputs_are_copied_under_the_pipeline_root(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from components.core.errors import InvalidSpecError, ModelLoadError
+from tests import ROOT
 from tests.own_models import TwoInputs, tiny_net
 
-ROOT = Path(__file__).resolve().parents[1]
 FACTORY = "tests.own_models:tiny_net"
 
 

@@ -17,9 +17,10 @@ from serving.bundle import BundleError, verify_bundle
 from serving.oci import ARTIFACT_TYPE, TITLE, OciReference, RegistryError, pull_bundle, push_bundle
 from serving.signing import sign_bundle, verify_signature
 from serving.sources import fetch_bundle
+from tests.cli import assert_one_line_error, ortpack
 from tests.registry import Credentials, Registry, oci_registry, start_registry, stop_registry
 from tests.servers import running_server
-from tests.test_signing import assert_one_line_error, make_bundle, make_key_pair, ortpack, tamper_and_rehash
+from tests.signed import make_bundle, make_key_pair, tamper_and_rehash
 
 __all__ = ["oci_registry"]  # the fixture, imported from tests/registry.py
 

@@ -72,7 +72,7 @@ def images(engine: Engine) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from tests.test_signing import make_key_pair
+    from tests.signed import make_key_pair
 
     return make_key_pair(tmp_path_factory.mktemp("keys"))
 
@@ -100,7 +100,7 @@ def trust_dir(keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
 
 
 def _deployment(overlay: str = "overlays/init-container") -> dict[str, Any]:
-    from tests.test_deploy import DEPLOY, render
+    from tests.pipelines.test_deploy import DEPLOY, render
 
     (deployment,) = [o for o in render(DEPLOY / overlay) if o["kind"] == "Deployment"]
     return deployment

@@ -10,23 +10,7 @@ from pathlib import Path
 
 import pytest
 
-
-def ortpack(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("ortpack: error:")]
-    assert len(errors) == 1, result.stderr
-    assert fragment in errors[0], errors[0]
+from tests.cli import assert_one_line_error, ortpack
 
 
 @pytest.mark.parametrize(

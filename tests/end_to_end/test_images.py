@@ -1,4 +1,4 @@
-"""The component and serving Dockerfiles, read without an engine (tests/test_containers.py builds
+"""The component and serving Dockerfiles, read without an engine (tests/end_to_end/test_containers.py builds
 and runs them): their pins agree with pyproject.toml and components/images.py, TORCH=cpu takes torch
 from the CPU wheel index and refuses CUDA packages, no step installs anything at run time."""
 
@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import ROOT
 
 
 def _arg(dockerfile: str, name: str) -> str:

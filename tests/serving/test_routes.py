@@ -1,5 +1,5 @@
 """The routes in-process: the real app, model service and tiny model, driven through httpx's ASGI
-transport (no subprocess, no port). tests/test_server.py and tests/test_hardening.py start real
+transport (no subprocess, no port). tests/serving/test_server.py and tests/serving/test_hardening.py start real
 servers only for what the process itself does (signals, ports, the connection layer)."""
 
 from __future__ import annotations
@@ -611,7 +611,7 @@ def test_draining_turns_readiness_503_and_keeps_serving(tiny_bundle: Path) -> No
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_json_request_body_has_an_example(case: str) -> None:
-    """/docs shows it and Swagger-style tools pre-fill it (tests/test_server.py sends them to a server)."""
+    """/docs shows it and Swagger-style tools pre-fill it (tests/serving/test_server.py sends them to a server)."""
     doc = document(case)
     posts = {path: ops["post"] for path, ops in doc["paths"].items() if "post" in ops}
     json_bodies = {p: op["requestBody"]["content"].get("application/json") for p, op in posts.items()}

@@ -35,7 +35,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests import ROOT
+
 DEPLOY = ROOT / "deploy"
 KSERVE = DEPLOY / "kserve"
 IMAGE = "ghcr.io/ortpack/ortpack-serve"
