@@ -85,6 +85,66 @@ def session(model: bytes, plan: Any, threads: int, entries: dict[str, str], leve
     return ort.InferenceSession(model, options, providers=plan.providers, disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
+# (batch, tokens) shapes the batcher forms from short queries: one at a time, and eight at once
+FIXED_SHAPES = ((1, 16), (1, 32), (8, 32))
+
+
+def fixed_shapes(model: bytes, plan: Any, calls: int) -> list[dict[str, Any]]:
+    """Per shape: a worker session (one thread, as served) with the batch and sequence dimensions
+    left dynamic, against one with both pinned to the shape (ONNX Runtime's free-dimension
+    overrides: what a per-bucket session with fixed shapes would run); p50 ms of the same inputs
+    in alternate calls."""
+    import onnxruntime as ort
+
+    from serving.runtime import DISABLED_OPTIMIZERS
+
+    dynamic = session(model, plan, 1, {"session.intra_op.allow_spinning": "0"}, "plan", True)
+    inputs = dynamic.get_inputs()
+    dims = {d for i in inputs for d in i.shape if isinstance(d, str)}
+    batch_dim, seq_dim = inputs[0].shape[0], inputs[0].shape[1]
+    rows = []
+    rng = np.random.default_rng(0)
+    for batch, tokens in FIXED_SHAPES:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if plan.online_optimization
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        options.intra_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_free_dimension_override_by_name(batch_dim, batch)
+        options.add_free_dimension_override_by_name(seq_dim, tokens)
+        fixed = ort.InferenceSession(model, options, providers=plan.providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+        feed = {
+            i.name: (
+                rng.integers(1000, 2000, (batch, tokens)) if "input_ids" in i.name else np.ones((batch, tokens))
+            ).astype(np.int64)
+            for i in inputs
+        }
+        times: dict[str, list[float]] = {"dynamic": [], "fixed": []}
+        for i in range(calls + 10):
+            for name, run in (
+                (("dynamic", dynamic), ("fixed", fixed)) if i % 2 else (("fixed", fixed), ("dynamic", dynamic))
+            ):
+                elapsed = _timed(lambda run=run, feed=feed: run.run(None, feed))
+                if i >= 10:
+                    times[name].append(elapsed)
+        p50 = {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
+        rows.append(
+            {
+                "batch": batch,
+                "tokens": tokens,
+                "dims": sorted(dims),
+                "dynamic_p50_ms": p50["dynamic"],
+                "fixed_p50_ms": p50["fixed"],
+                "fixed_speedup": p50["dynamic"] / p50["fixed"],
+            }
+        )
+    return rows
+
+
 def int8_peak(threads: int, size: int = 1024, calls: int = 20) -> float:
     """Multiply-accumulates per second of ORT's MatMulInteger (u8 x s8 -> s32), size^3, best call."""
     import onnxruntime as ort
@@ -195,6 +255,7 @@ def main() -> int:
                 "b1_sentences_per_s": throughput(backend, payloads, 1, callers, args.seconds),
                 "b8_sentences_per_s": throughput(backend, payloads, 8, callers, args.seconds),
             }
+        shapes = fixed_shapes(model, plan, max(args.calls // 4, 50))
     best_peak = max(peak.values())
     for record in sets.values():
         for key in ("b1", "b8"):
@@ -209,6 +270,7 @@ def main() -> int:
         "int8_peak_macs_per_s": peak,
         "load": load.record.as_stats(),
         "sets": sets,
+        "fixed_shapes": shapes,
     }
     rows = [["option set", "threads x callers", "b1 p50 ms", "b1 sent./s", "b8 sent./s", "b1 % peak", "b8 % peak"]]
     for name, r in sets.items():
@@ -233,6 +295,12 @@ def main() -> int:
         + f"; the model: {macs / 1e6:.2f} M int8 MACs per token; {load.record.describe()}"
     )
     print("\n".join(lines))
+    print("\nfixed shapes (a worker session with batch and sequence pinned) vs dynamic, p50 ms:")
+    for r in shapes:
+        print(
+            f"  b{r['batch']} x {r['tokens']}: dynamic {r['dynamic_p50_ms']:.2f}, fixed {r['fixed_p50_ms']:.2f} "
+            f"({r['fixed_speedup']:.2f}x)"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
