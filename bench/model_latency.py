@@ -3,7 +3,8 @@ timed in alternate rounds.
 
     python bench/model_latency.py [--bundle dist/all-MiniLM-L6-v2] [--model all-MiniLM-L6-v2]
 
-Shapes: batch 1 x 16 tokens and batch 16 x 128 tokens (random token ids, full attention mask).
+Shapes (`SHAPES`): batch 1 x 16 and 1 x 128 tokens, 8 x 32 and 16 x 128 (random token ids, full
+attention mask). The run ends with the shapes where a variant is slower than PyTorch, if any.
 PyTorch runs the Hugging Face model with its default attention implementation plus the same
 pooling module the export uses, under `torch.inference_mode()`; each variant runs in ONNX Runtime
 the way the server loads it. Every engine lives in its own worker process (its peak RSS is its
@@ -31,7 +32,9 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SHAPES = {"b1_s16": (1, 16), "b16_s128": (16, 128)}
+# batch x tokens: a short query alone, a long text alone, the batcher's batch of short queries,
+# and a full batch of long texts
+SHAPES = {"b1_s16": (1, 16), "b1_s128": (1, 128), "b8_s32": (8, 32), "b16_s128": (16, 128)}
 
 
 def _peak_rss_mb() -> float:
@@ -162,6 +165,14 @@ def print_table(name: str, engines: dict[str, dict[str, Any]]) -> None:
     worst = load_of(base.values())
     if worst is not None:
         print(f"engines timed in alternate rounds; {worst.describe()}")
+    slower = [
+        f"{engine} at {k} ({result['shapes'][k]['p50_ms']:.2f} vs {base[k]['p50_ms']:.2f} ms)"
+        for engine, result in engines.items()
+        if engine != "pytorch"
+        for k in SHAPES
+        if result["shapes"][k]["p50_ms"] > base[k]["p50_ms"]
+    ]
+    print("slower than PyTorch: " + ("; ".join(slower) if slower else "none"))
 
 
 def main() -> int:
