@@ -17,11 +17,13 @@ import bisect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator, Field, StrictInt, ValidationInfo
 
 from serving import context
+from serving.bodies import worded
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 
 # A request of one text up to this long is tokenized inline on the event loop (~50-70 us for a
@@ -238,31 +240,41 @@ def _check_deadline() -> None:
         ctx.check_deadline("while tokenizing")
 
 
-def _token_ids(value: Any) -> bool:
-    return (
-        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
+def _no_blank(value: Any, info: ValidationInfo) -> Any:
+    """Blank texts embed, classify and tag to nothing: refused, by index."""
+    for i, text in enumerate([value] if isinstance(value, str) else value):
+        if isinstance(text, str) and not text.strip():
+            raise InvalidRequestError(f"{info.field_name}[{i}] is empty")
+    return value
 
 
-def parse_text_input(value: Any, where: str) -> tuple[list[str] | None, list[list[int]] | None]:
-    """OpenAI `input`: a string, a list of strings, a token-id array or a list of them; returns
-    (texts, None) or (None, token-id lists). Empty texts are refused (they embed to nothing)."""
+_TextList = Annotated[list[str], Field(min_length=1)]
+_TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+
+Texts = Annotated[
+    str | _TextList,
+    worded("must be a non-empty string or a non-empty list of strings"),
+    AfterValidator(_no_blank),
+]
+"""A request's texts (a field of a request model): one string or a list of them, none blank."""
+
+TextsOrTokens = Annotated[
+    str | _TextList | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1)],
+    worded("must be a non-empty string, a list of strings, a token-id array or a list of non-empty token-id arrays"),
+    AfterValidator(_no_blank),
+]
+"""OpenAI's `input`: a string, a list of strings, a token-id array or a list of them."""
+
+
+def texts_or_ids(value: str | list[Any]) -> tuple[list[str] | None, list[list[int]] | None]:
+    """A validated `TextsOrTokens` as (texts, None) or (None, token-id lists)."""
     if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise InvalidRequestError(f"{where} must be a non-empty string, list of strings, or token-id arrays")
-    if all(isinstance(v, str) for v in value):
-        for i, text in enumerate(value):
-            if not text.strip():
-                raise InvalidRequestError(f"{where}[{i}] is empty")
+        return [value], None
+    if isinstance(value[0], str):
         return value, None
-    if _token_ids(value):
+    if isinstance(value[0], int):
         return None, [value]
-    if all(_token_ids(v) for v in value):
-        return None, value
-    raise InvalidRequestError(
-        f"{where} must be a string, a list of strings, a token-id array or a list of non-empty token-id arrays"
-    )
+    return None, value
 
 
 def v2_texts(tensor: dict[str, Any]) -> list[str]:
@@ -285,10 +297,12 @@ def v2_texts(tensor: dict[str, Any]) -> list[str]:
         raise InvalidRequestError(
             f"input '{name}' has shape {shape} but {len(data) if isinstance(data, list) else 'no'} elements"
         )
-    texts, _ = parse_text_input(data, "inputs[0].data") if data else (None, None)
-    if texts is None:
+    if not data or not all(isinstance(text, str) for text in data):
         raise InvalidRequestError(f"input '{name}' must hold one or more non-empty strings")
-    return texts
+    for i, text in enumerate(data):
+        if not text.strip():
+            raise InvalidRequestError(f"inputs[0].data[{i}] is empty")
+    return data
 
 
 def probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Any:

@@ -5,7 +5,9 @@
 Images are decoded off the event loop on a pool of decode threads (one per model worker; Pillow
 releases the GIL), with the decode mode the bundle's parity gate validated for the served
 variant (serving/images.py); the graph resizes, crops and normalises. Images of one size share a
-batch (the bucket is the size), and a batch also stops at --max-batch-pixels.
+batch (the bucket is the size), and a batch also stops at --max-batch-pixels. The JSON request
+and the answers are the pydantic models below: the same models parse requests and write the
+OpenAPI schemas.
 """
 
 from __future__ import annotations
@@ -14,20 +16,66 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from serving.contracts.image_classification import ImageClassificationSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 from serving.gates import probability_metrics
-from serving.http import RouteSpec, config_of, json_response, read_body, read_json_object, service_of
+from serving.http import RouteSpec, config_of, json_response, read_body, service_of
 from serving.images import DECODE_MODES, ImageDecoder, decode_base64, decode_settings, reduced_decode_evidence, top_k
 from serving.tasks.contract import LoadContext, Prepare, ServingTask
 
 log = logging.getLogger("ortpack.serve")
+
+# ---------------------------------------------------------------- request and answer
+
+Base64 = Annotated[str, Field(description="base64 or a data: URL")]
+
+
+class ClassifyJsonRequest(BaseModel):
+    """One image (`image`) or several (`images`), as base64; `top_k` classes each."""
+
+    model_config = ConfigDict(
+        strict=True, json_schema_extra={"oneOf": [{"required": ["image"]}, {"required": ["images"]}]}
+    )
+
+    image: Annotated[Base64 | None, worded("must be a base64 string")] = None
+    images: Annotated[
+        Annotated[list[Base64], Field(min_length=1)] | None,
+        worded("must be a non-empty list of base64 strings", item="must be a base64 string"),
+    ] = None
+    top_k: PositiveInt | None = 5
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ClassifyJsonRequest:
+        if (self.image is None) == (self.images is None):
+            raise InvalidRequestError("send a JSON object with 'image' (base64) or 'images' (a list of base64)")
+        return self
+
+
+class Prediction(BaseModel):
+    label: str
+    index: int
+    probability: float
+
+
+class ImagePredictions(BaseModel):
+    index: int
+    predictions: list[Prediction]
+
+
+class Classification(BaseModel):
+    """One image's `predictions`, or each image's under `data`."""
+
+    model: str
+    predictions: list[Prediction] | None = None
+    data: list[ImagePredictions] | None = None
 
 
 def choose_decoder(manifest: Any, variant: Any, requested: str, max_pixels: int) -> tuple[ImageDecoder, str]:
@@ -175,7 +223,7 @@ class ImageClassificationRuntime:
         ]
 
     def schemas(self) -> dict[str, Any]:
-        return SCHEMAS
+        return component_schemas([ClassifyJsonRequest], [Classification])
 
     def describe(self) -> str:
         return "image classification: /v1/classify and the Open Inference Protocol v2"
@@ -208,14 +256,10 @@ async def classify(request: Request) -> Response:
 async def classify_json(request: Request) -> Response:
     """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
     runtime = _runtime(request)
-    body = await read_json_object(request)
-    if ("image" in body) == ("images" in body):
-        raise InvalidRequestError("send a JSON object with 'image' (base64) or 'images' (a list of base64)")
-    k = runtime.requested_top_k(body.get("top_k"))
-    single = "image" in body
-    items = [body["image"]] if single else body["images"]
-    if not isinstance(items, list) or not items:
-        raise InvalidRequestError("'images' must be a non-empty list of base64 strings")
+    body = await read_body_as(request, ClassifyJsonRequest)
+    k = runtime.requested_top_k(body.top_k)
+    single = body.image is not None
+    items = [body.image] if body.image is not None else body.images or []
     if len(items) > runtime.max_items:
         raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {runtime.max_items}")
     where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
@@ -265,38 +309,6 @@ def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
 EXAMPLE_PNG = (
     "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAGUlEQVR42mNkYGhQYGDARCwMCgxYweCUAABobwJednxjlwAAAABJRU5ErkJggg=="
 )
-_PREDICTION = {
-    "type": "object",
-    "properties": {"label": {"type": "string"}, "index": {"type": "integer"}, "probability": {"type": "number"}},
-}
-SCHEMAS: dict[str, Any] = {
-    "ClassifyJsonRequest": {
-        "type": "object",
-        "properties": {
-            "image": {"type": "string", "description": "base64 or a data: URL"},
-            "images": {"type": "array", "items": {"type": "string"}},
-            "top_k": {"type": "integer", "default": 5},
-        },
-    },
-    "Classification": {
-        "type": "object",
-        "properties": {
-            "model": {"type": "string"},
-            "predictions": {"type": "array", "items": _PREDICTION},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "predictions": {"type": "array", "items": _PREDICTION},
-                    },
-                },
-            },
-        },
-    },
-}
-
 TASK = ServingTask(
     name="image-classification",
     open=ImageClassificationRuntime,

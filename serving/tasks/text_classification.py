@@ -8,24 +8,104 @@
   Jina and TEI clients read: `results: [{index, relevance_score, document?}]`); pairs are
   tokenized with the bundle's tokenizer, segment ids included. v2 takes `text` BYTES `[n, 2]`
   (query, document rows) and answers `scores` `[n, 1]`.
+
+The request and answer bodies are the pydantic models below: the same models parse requests and
+write the OpenAPI schemas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.backend import TextClassifierBackend
+from serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from serving.contracts.text_classification import TextClassificationSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import probability_metrics, rank_agreement
-from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.http import RouteSpec, check_model, json_response, service_of
 from serving.tasks.contract import LoadContext, ServingTask
-from serving.text import Encoded, TextEncoder, TokenizedRuntime, parse_text_input, probe_prepare, v2_texts
+from serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
+
+# ---------------------------------------------------------------- requests and answers
+
+NonBlank = Annotated[str, Field(pattern=r"\S")]
+
+
+class TextClassifyRequest(BaseModel):
+    """Texts to classify; `top_k` labels each (at most the model's labels)."""
+
+    model_config = ConfigDict(strict=True)
+
+    input: Texts
+    model: str | None = None
+    top_k: PositiveInt | None = 5
+
+
+class Prediction(BaseModel):
+    label: str
+    index: int
+    probability: float
+
+
+class TextPredictions(BaseModel):
+    index: int
+    predictions: list[Prediction]
+
+
+class Usage(BaseModel):
+    total_tokens: int
+
+
+class TextClassification(BaseModel):
+    object: Literal["list"] = "list"
+    model: str
+    data: list[TextPredictions]
+    usage: Usage
+
+
+class RerankDocument(BaseModel):
+    text: NonBlank
+
+
+class RerankRequest(BaseModel):
+    """A query and its documents (strings or `{"text": ...}` objects); the best `top_n` answer
+    (default all), with their text when `return_documents`."""
+
+    model_config = ConfigDict(strict=True)
+
+    query: Annotated[NonBlank, worded("must be a non-empty string")]
+    documents: Annotated[
+        list[NonBlank | RerankDocument],
+        Field(min_length=1),
+        worded(
+            "must be a non-empty list of strings (or {'text': ...} objects)",
+            item="must be a non-empty string or {'text': string}",
+        ),
+    ]
+    top_n: PositiveInt | None = None
+    return_documents: bool = False
+    model: str | None = None
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankResponse(BaseModel):
+    model: str
+    results: list[RerankResult]
+    usage: Usage
+
+
+# ---------------------------------------------------------------- the runtime
 
 
 class TextClassificationRuntime(TokenizedRuntime):
@@ -120,7 +200,9 @@ class TextClassificationRuntime(TokenizedRuntime):
         ]
 
     def schemas(self) -> dict[str, Any]:
-        return {k: v for k, v in SCHEMAS.items() if k.startswith("Rerank") == self.pairs}
+        if self.pairs:
+            return component_schemas([RerankRequest], [RerankResponse])
+        return component_schemas([TextClassifyRequest], [TextClassification])
 
     def describe(self) -> str:
         if self.pairs:
@@ -133,81 +215,43 @@ def _runtime(request: Request) -> TextClassificationRuntime:
     return runtime
 
 
-def _model_field(request: Request, body: dict[str, Any]) -> None:
-    model = body.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise InvalidRequestError("model must be a string")
-        check_model(request, model, None)
-
-
-def _positive_int(value: object, name: str, default: int, most: int) -> int:
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value:
-        raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
-    return min(value, most)
-
-
 async def classify(request: Request) -> Response:
     runtime, service = _runtime(request), service_of(request)
-    body = await read_json_object(request)
-    _model_field(request, body)
-    if "input" not in body:
-        raise InvalidRequestError("missing 'input'")
-    texts, _ = parse_text_input(body["input"], "input")
-    if texts is None:
-        raise InvalidRequestError("input must be a string or a list of strings")
-    k = _positive_int(body.get("top_k"), "top_k", min(5, runtime.output_dim), runtime.output_dim)
+    body = await read_body_as(request, TextClassifyRequest)
+    if body.model is not None:
+        check_model(request, body.model, None)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    k = min(body.top_k or 5, runtime.output_dim)
     encoded = await runtime.encode(texts, "input")
     rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
     data = []
     for i, row in enumerate(rows):
         best = np.argsort(-row, kind="stable")[:k]
-        data.append(
-            {
-                "index": i,
-                "predictions": [
-                    {"label": runtime.labels[j], "index": int(j), "probability": float(row[j])} for j in best
-                ],
-            }
-        )
-    return json_response(
-        {"object": "list", "model": service.model_name, "data": data, "usage": {"total_tokens": encoded.tokens}}
-    )
+        predictions = [Prediction(label=runtime.labels[j], index=int(j), probability=float(row[j])) for j in best]
+        data.append(TextPredictions(index=i, predictions=predictions))
+    answer = TextClassification(model=service.model_name, data=data, usage=Usage(total_tokens=encoded.tokens))
+    return json_response(answer.model_dump())
 
 
 async def rerank(request: Request) -> Response:
     runtime, service = _runtime(request), service_of(request)
-    body = await read_json_object(request)
-    _model_field(request, body)
-    query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidRequestError("query must be a non-empty string")
-    documents = body.get("documents")
-    if not isinstance(documents, list) or not documents:
-        raise InvalidRequestError("documents must be a non-empty list of strings (or {'text': ...} objects)")
-    texts = []
-    for i, doc in enumerate(documents):
-        text = doc.get("text") if isinstance(doc, dict) else doc
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidRequestError(f"documents[{i}] must be a non-empty string or {{'text': string}}")
-        texts.append(text)
-    top_n = _positive_int(body.get("top_n"), "top_n", len(texts), len(texts))
-    return_documents = body.get("return_documents", False)
-    if not isinstance(return_documents, bool):
-        raise InvalidRequestError(f"return_documents must be true or false, got {return_documents!r}")
-    encoded = await runtime.encode(texts, "documents", pairs_with=query)
+    body = await read_body_as(request, RerankRequest)
+    if body.model is not None:
+        check_model(request, body.model, None)
+    texts = [d if isinstance(d, str) else d.text for d in body.documents]
+    encoded = await runtime.encode(texts, "documents", pairs_with=body.query)
     rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
     scores = rows[:, 0]
-    order = np.argsort(-scores, kind="stable")[:top_n]
-    results = []
-    for i in order:
-        item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
-        if return_documents:
-            item["document"] = {"text": texts[i]}
-        results.append(item)
-    return json_response({"model": service.model_name, "results": results, "usage": {"total_tokens": encoded.tokens}})
+    results = [
+        RerankResult(
+            index=int(i),
+            relevance_score=float(scores[i]),
+            document=RerankDocument(text=texts[i]) if body.return_documents else None,
+        )
+        for i in np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
+    ]
+    answer = RerankResponse(model=service.model_name, results=results, usage=Usage(total_tokens=encoded.tokens))
+    return json_response(answer.model_dump(exclude_none=True))
 
 
 def _backend(session: Any, fields: dict[str, Any]) -> TextClassifierBackend:
@@ -230,76 +274,6 @@ def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]
         "rank_agreement": rank_agreement(reference[:, 0], candidate[:, 0], groups),
     }
 
-
-_PREDICTION = {
-    "type": "object",
-    "properties": {"label": {"type": "string"}, "index": {"type": "integer"}, "probability": {"type": "number"}},
-}
-SCHEMAS: dict[str, Any] = {
-    "TextClassifyRequest": {
-        "type": "object",
-        "required": ["input"],
-        "properties": {
-            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "model": {"type": "string"},
-            "top_k": {"type": "integer"},
-        },
-    },
-    "TextClassification": {
-        "type": "object",
-        "properties": {
-            "model": {"type": "string"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "predictions": {"type": "array", "items": _PREDICTION},
-                    },
-                },
-            },
-            "usage": {"type": "object", "properties": {"total_tokens": {"type": "integer"}}},
-        },
-    },
-    "RerankRequest": {
-        "type": "object",
-        "required": ["query", "documents"],
-        "properties": {
-            "query": {"type": "string"},
-            "documents": {
-                "type": "array",
-                "items": {
-                    "oneOf": [
-                        {"type": "string"},
-                        {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
-                    ]
-                },
-            },
-            "top_n": {"type": "integer"},
-            "return_documents": {"type": "boolean", "default": False},
-            "model": {"type": "string"},
-        },
-    },
-    "RerankResponse": {
-        "type": "object",
-        "properties": {
-            "model": {"type": "string"},
-            "results": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "relevance_score": {"type": "number"},
-                        "document": {"type": "object", "properties": {"text": {"type": "string"}}},
-                    },
-                },
-            },
-            "usage": {"type": "object", "properties": {"total_tokens": {"type": "integer"}}},
-        },
-    },
-}
 
 TASK = ServingTask(
     name="text-classification",

@@ -2,24 +2,80 @@
 input `text` (BYTES, `[n]`) and one output `sentence_embedding` (FP32, `[n, dim]`).
 
 Texts are tokenized with the bundle's tokenizer.json (serving/text.py) and queued by padded-length
-bucket; the backend pads each batch to its longest text.
+bucket; the backend pads each batch to its longest text. The request and answer bodies are the
+pydantic models below: the same models parse requests and write the OpenAPI schemas.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.backend import TextEmbeddingBackend
+from serving.bodies import component_schemas, read_body_as
 from serving.contracts.text_embedding import TextEmbeddingSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 from serving.gates import embedding_metrics
-from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of, space_headers
+from serving.http import RouteSpec, check_model, json_response, service_of, space_headers
 from serving.tasks.contract import LoadContext, ServingTask
-from serving.text import Encoded, TextEncoder, TokenizedRuntime, parse_text_input, probe_prepare, v2_texts
+from serving.text import (
+    Encoded,
+    TextEncoder,
+    TextsOrTokens,
+    TokenizedRuntime,
+    probe_prepare,
+    texts_or_ids,
+    v2_texts,
+)
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request. `dimensions`, when sent, must be the model's own; `user` is
+    accepted and ignored."""
+
+    model_config = ConfigDict(strict=True)
+
+    input: TextsOrTokens
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    @field_validator("dimensions", mode="wrap")
+    @classmethod
+    def _the_models_own(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        want = (info.context or {}).get("dimensions")
+        try:
+            fits = handler(value) in (None, want)
+        except ValidationError:
+            fits = False
+        if not fits:
+            raise InvalidRequestError(f"dimensions must be {want} for this model (got {value!r})")
+        return value
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | Annotated[str, Field(description="base64 little-endian float32")]
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+# The handler writes this answer as a dict (orjson writes the numpy rows); tests check answers
+# against the model.
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
 
 
 class TextEmbeddingRuntime(TokenizedRuntime):
@@ -74,7 +130,7 @@ class TextEmbeddingRuntime(TokenizedRuntime):
         ]
 
     def schemas(self) -> dict[str, Any]:
-        return SCHEMAS
+        return component_schemas([EmbeddingsRequest], [EmbeddingsResponse])
 
     def describe(self) -> str:
         return "text embeddings: OpenAI /v1/embeddings and the Open Inference Protocol v2"
@@ -83,28 +139,13 @@ class TextEmbeddingRuntime(TokenizedRuntime):
 async def embeddings(request: Request) -> Response:
     service = service_of(request)
     runtime: TextEmbeddingRuntime = service.runtime  # type: ignore[assignment]
-    body = await read_json_object(request)
-    model = body.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise InvalidRequestError("model must be a string")
-        check_model(request, model, None)
-    encoding = body.get("encoding_format", "float")
-    if encoding is None:
-        encoding = "float"
-    if not isinstance(encoding, str) or encoding not in ("float", "base64"):
-        raise InvalidRequestError(f"encoding_format must be 'float' or 'base64', got {encoding!r}")
-    dimensions = body.get("dimensions")
-    if dimensions is not None and (
-        not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions != runtime.output_dim
-    ):
-        raise InvalidRequestError(f"dimensions must be {runtime.output_dim} for this model (got {dimensions!r})")
-    if "input" not in body:
-        raise InvalidRequestError("missing 'input'")
-    texts, ids = parse_text_input(body["input"], "input")
+    body = await read_body_as(request, EmbeddingsRequest, {"dimensions": runtime.output_dim})
+    if body.model is not None:
+        check_model(request, body.model, None)
+    texts, ids = texts_or_ids(body.input)
     encoded = await runtime.encode(texts, ids, "input")
     rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
-    if encoding == "base64":
+    if body.encoding_format == "base64":
         data = [
             {"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()}
             for i, row in enumerate(rows)
@@ -122,54 +163,6 @@ def _backend(session: Any, fields: dict[str, Any]) -> TextEmbeddingBackend:
     dim = int(fields["outputs"][0]["shape"][-1])
     return TextEmbeddingBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
 
-
-SCHEMAS: dict[str, Any] = {
-    "EmbeddingsRequest": {
-        "type": "object",
-        "required": ["input"],
-        "properties": {
-            "input": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}},
-                    {"type": "array", "items": {"type": "integer"}},
-                    {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-                ]
-            },
-            "model": {"type": "string"},
-            "encoding_format": {"enum": ["float", "base64"], "default": "float"},
-            "dimensions": {"type": "integer"},
-            "user": {"type": "string"},
-        },
-    },
-    "EmbeddingsResponse": {
-        "type": "object",
-        "properties": {
-            "object": {"const": "list"},
-            "model": {"type": "string"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "object": {"const": "embedding"},
-                        "index": {"type": "integer"},
-                        "embedding": {
-                            "oneOf": [
-                                {"type": "array", "items": {"type": "number"}},
-                                {"type": "string", "description": "base64 little-endian float32"},
-                            ]
-                        },
-                    },
-                },
-            },
-            "usage": {
-                "type": "object",
-                "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
-            },
-        },
-    },
-}
 
 TASK = ServingTask(
     name="text-embedding",

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.json_schema import models_json_schema
+from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.backend import TextEmbeddingBackend
+from serving.bodies import component_schemas, read_body_as
 from serving.contracts.token_classification import PAD, TokenClassificationSettings, token_metrics
-from serving.errors import InvalidRequestError, PayloadTooLargeError
-from serving.http import RouteSpec, check_model, json_response, read_json_object, service_of
+from serving.errors import PayloadTooLargeError
+from serving.http import RouteSpec, check_model, json_response, service_of
 from serving.tasks.contract import LoadContext, ServingTask
-from serving.text import Encoded, TextEncoder, TokenizedRuntime, probe_prepare, v2_texts
+from serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
 
 INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
 
@@ -38,19 +38,13 @@ INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in
 class NerRequest(BaseModel):
     """Texts to tag; `aggregation` overrides the bundle's default."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"input": "Ada Lovelace met Babbage."}]})
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"input": "Ada Lovelace met Babbage."}]}
+    )
 
-    input: str | Annotated[list[str], Field(min_length=1)]
+    input: Texts
     model: str | None = None
     aggregation: Literal["first", "none"] | None = None
-
-    @field_validator("input")
-    @classmethod
-    def _not_blank(cls, value: str | list[str]) -> str | list[str]:
-        for i, text in enumerate([value] if isinstance(value, str) else value):
-            if not text.strip():
-                raise ValueError(f"input[{i}] is empty")
-        return value
 
 
 class Entity(BaseModel):
@@ -75,22 +69,6 @@ class NerResponse(BaseModel):
     model: str
     data: list[NerResult]
     usage: Usage
-
-
-def parse_request(body: dict[str, Any]) -> NerRequest:
-    try:
-        return NerRequest.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or len(err["loc"]) > 1)
-        raise InvalidRequestError(f"{where or 'body'}: {err['msg'].removeprefix('Value error, ')}") from None
-
-
-def _schemas() -> dict[str, Any]:
-    _, doc = models_json_schema(
-        [(NerRequest, "validation"), (NerResponse, "serialization")], ref_template="#/components/schemas/{model}"
-    )
-    return dict(doc["$defs"])
 
 
 # ---------------------------------------------------------------- words and entities
@@ -237,7 +215,7 @@ class TokenClassificationRuntime(TokenizedRuntime):
         ]
 
     def schemas(self) -> dict[str, Any]:
-        return _schemas()
+        return component_schemas([NerRequest], [NerResponse])
 
     def describe(self) -> str:
         return "token classification (named entities): /v1/ner and the Open Inference Protocol v2"
@@ -246,7 +224,7 @@ class TokenClassificationRuntime(TokenizedRuntime):
 async def recognize(request: Request) -> Response:
     runtime: TokenClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
     service = service_of(request)
-    body = parse_request(await read_json_object(request))
+    body = await read_body_as(request, NerRequest)
     if body.model is not None:
         check_model(request, body.model, None)
     texts = [body.input] if isinstance(body.input, str) else body.input

@@ -19,6 +19,7 @@ import torch
 from components.core.artifacts import ExportResult, ParityReport
 from components.core.validation_data import ImageSpec, render_image
 from serving.bundle import Manifest, verify_bundle
+from tests.request_bodies import BODIES, check_answers
 from tests.servers import RunningServer, free_port, running_server
 
 pytestmark = pytest.mark.slow  # builds image bundles (torchvision exports, a served decoder)
@@ -404,6 +405,17 @@ def image_server(image_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -
         log_dir=tmp_path_factory.mktemp("logs"),
     ) as server:
         yield server
+
+
+def test_classify_json_answers_as_its_schema_says(image_server: RunningServer) -> None:
+    """Each body its published schema refuses gets 400, each it accepts an answer valid by the
+    answer schema (tests/request_bodies.py)."""
+    doc = httpx.get(f"{image_server.url}/openapi.json").json()
+    answers = []
+    for body, _ in BODIES["/v1/classify/json"]:
+        answer = httpx.post(f"{image_server.url}/v1/classify/json", json=body)
+        answers.append((body, answer.status_code, answer.json()))
+    check_answers(doc, "/v1/classify/json", answers)
 
 
 def encode(image: np.ndarray, fmt: str, **options: object) -> bytes:

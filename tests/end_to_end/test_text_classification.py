@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from serving.bundle import read_manifest, verify_bundle
+from tests.request_bodies import BODIES, check_answers
 from tests.servers import RunningServer, running_server
 
 pytestmark = pytest.mark.slow  # builds a classifier and a reranker bundle
@@ -55,6 +56,28 @@ def classifier_server(classifier_bundle: Path, tmp_path_factory: pytest.TempPath
 def reranker_server(reranker_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     with running_server(reranker_bundle, log_dir=tmp_path_factory.mktemp("logs")) as server:
         yield server  # type: ignore[misc]
+
+
+def test_rerank_answers_as_its_schema_says(reranker_server: RunningServer) -> None:
+    """Each body its published schema refuses gets 400, each it accepts an answer valid by the
+    answer schema (tests/request_bodies.py)."""
+    doc = httpx.get(f"{reranker_server.url}/openapi.json").json()
+    answers = []
+    for body, _ in BODIES["/v1/rerank"]:
+        answer = httpx.post(f"{reranker_server.url}/v1/rerank", json=body)
+        answers.append((body, answer.status_code, answer.json()))
+    check_answers(doc, "/v1/rerank", answers)
+
+
+def test_classify_answers_as_its_schema_says(classifier_server: RunningServer) -> None:
+    """Each body its published schema refuses gets 400, each it accepts an answer valid by the
+    answer schema (tests/request_bodies.py)."""
+    doc = httpx.get(f"{classifier_server.url}/openapi.json").json()
+    answers = []
+    for body, _ in BODIES["/v1/classify"]:
+        answer = httpx.post(f"{classifier_server.url}/v1/classify", json=body)
+        answers.append((body, answer.status_code, answer.json()))
+    check_answers(doc, "/v1/classify", answers)
 
 
 def test_classifier_bundle_passes_its_gates(classifier_bundle: Path) -> None:
