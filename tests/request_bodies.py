@@ -1,5 +1,5 @@
 """Request bodies for every JSON route, each marked valid or not by the route's published OpenAPI
-schema: the parser (the same pydantic model) must agree. tests/test_request_bodies.py checks the
+schema: the parser (the same pydantic model) must agree. tests/serving/test_request_bodies.py checks the
 models against the golden documents and /v1/embeddings on a server; each task's test file sends
 its route's bodies to its own running server (`verdicts`).
 
