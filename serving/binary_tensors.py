@@ -39,9 +39,10 @@ _PREFIX = struct.Struct("<I")
 
 def header_length(value: str, body_size: int) -> int:
     """The JSON header's length from `Inference-Header-Content-Length`, within the body."""
-    if not value.strip().isdigit():
+    digits = value.strip()
+    if not (digits.isascii() and digits.isdigit()):  # "²" is a digit that int() refuses
         raise InvalidRequestError(f"{HEADER_LENGTH} must be a non-negative integer, got {value!r}")
-    length = int(value)
+    length = int(digits)
     if length > body_size:
         raise InvalidRequestError(f"{HEADER_LENGTH} {length} exceeds the {body_size}-byte body")
     return length

@@ -55,7 +55,7 @@ def text_input(texts: list[str], *, binary: bool = False, shape: list[int] | Non
     return tensor
 
 
-def infer(server: RunningServer, body: dict[str, Any] | tuple[bytes, dict[str, str]]) -> httpx.Response:
+def infer(server: RunningServer, body: dict[str, Any] | tuple[bytes, dict[str, Any]]) -> httpx.Response:
     url = f"{server.url}/v2/models/tiny-bert/infer"
     if isinstance(body, dict):
         return httpx.post(url, json=body, timeout=30)
@@ -166,11 +166,12 @@ _BINARY_ONE = {"inputs": [text_input(["hello"], binary=True)]}
 _JSON_ONE = {"inputs": [text_input(["hello"])]}
 _BARE = {"name": "text", "datatype": "BYTES", "shape": [1]}
 
-BAD: list[tuple[str, dict[str, Any] | bytes, bytes, str | None, int, str]] = [
+BAD: list[tuple[str, dict[str, Any] | bytes, bytes, str | bytes | None, int, str]] = [
     # (case, JSON header, bytes after it, Inference-Header-Content-Length override, status, message)
     ("length past the body", _BINARY_ONE, _ONE, "100000", 400, "exceeds the"),
     ("length not an integer", _BINARY_ONE, _ONE, "12.5", 400, "must be a non-negative integer"),
     ("length negative", _BINARY_ONE, _ONE, "-1", 400, "must be a non-negative integer"),
+    ("length a superscript digit", _BINARY_ONE, _ONE, b"\xb2", 400, "must be a non-negative integer"),
     ("length zero", _BINARY_ONE, _ONE, "0", 400, "empty request body"),
     ("header not JSON", b"{not json", b"", None, 400, "malformed JSON"),
     ("size past the data", _with(_BARE, binary_data_size=len(_ONE) + 1), _ONE, None, 400, "runs past"),
@@ -226,7 +227,7 @@ def test_bad_binary_input_is_4xx_in_one_shape(
     case: str,
     header: dict[str, Any] | bytes,
     tail: bytes,
-    length: str | None,
+    length: str | bytes | None,
     status: int,
     fragment: str,
 ) -> None:
