@@ -1,6 +1,8 @@
 """The Open Inference Protocol v2 REST surface (KServe): server metadata, health, model metadata
-and readiness, and inference on the task's one input tensor. The task says what its tensor is
-(`v2_inputs`) and how it becomes model payloads (`v2_payloads`)."""
+and readiness, and inference on the task's one input tensor, its data as JSON or as raw bytes
+after the JSON (the binary tensor data extension, serving/binary_tensors.py), and the output
+likewise. The task says what its tensor is (`v2_inputs`) and how it becomes model payloads
+(`v2_payloads`)."""
 
 from __future__ import annotations
 
@@ -12,20 +14,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serving import __version__
+from serving.binary_tensors import (
+    EXTENSION,
+    HEADER_LENGTH,
+    attach_binary_inputs,
+    encode_rows,
+    header_length,
+    wants_binary,
+)
 from serving.errors import InvalidRequestError, NotReadyError
 from serving.http import (
     RouteSpec,
     check_model,
     config_of,
+    json_bytes,
+    json_object,
     json_response,
+    read_body,
     read_json_object,
     space_headers,
+    stage,
 )
 from serving.service import model_service
 
 
 async def server_metadata(request: Request) -> Response:
-    return json_response({"name": "ortpack", "version": __version__, "extensions": []})
+    return json_response({"name": "ortpack", "version": __version__, "extensions": [EXTENSION]})
 
 
 async def live(request: Request) -> Response:
@@ -104,27 +118,51 @@ def _check_outputs(body: dict[str, Any], output_name: str) -> None:
             raise InvalidRequestError(f"unknown output {output!r}; this model has {output_name!r}")
 
 
+async def read_infer_request(request: Request) -> tuple[dict[str, Any], memoryview | None]:
+    """(the request's JSON, the bytes after it). With `Inference-Header-Content-Length` the body
+    is that many bytes of JSON, then the binary tensor data, whatever its Content-Type (Triton
+    ignores it, and a browser cannot send that header cross-origin without a preflight);
+    without it, the body is JSON alone (None)."""
+    declared = request.headers.get(HEADER_LENGTH)
+    if declared is None:
+        return await read_json_object(request), None
+    with stage("read"):
+        body = memoryview(await read_body(request, config_of(request).max_body_bytes))
+        length = header_length(declared, len(body))
+        return json_object(body[:length]), body[length:]
+
+
 async def infer(request: Request) -> Response:
     check_model(request)
     service = model_service(request)
     runtime = service.runtime
-    body = await read_json_object(request)
+    body, binary = await read_infer_request(request)
     if "id" in body and not isinstance(body["id"], str):
         raise InvalidRequestError(f"id must be a string, got {body['id']!r}")
     tensor = _single_input(body, runtime.v2_inputs()[0])
+    attach_binary_inputs(body["inputs"], binary)
     _check_outputs(body, runtime.output_name)
+    binary_output = wants_binary(body)
     payloads, buckets = await runtime.v2_payloads(tensor)
     rows: np.ndarray = await service.infer(payloads, buckets)
+    output: dict[str, Any] = {"name": runtime.output_name, "datatype": "FP32", "shape": list(rows.shape)}
     answer: dict[str, Any] = {
         "model_name": service.model_name,
         "model_version": service.manifest.version,
-        "outputs": [
-            {"name": runtime.output_name, "datatype": "FP32", "shape": list(rows.shape), "data": rows.reshape(-1)}
-        ],
+        "outputs": [output],
     }
     if "id" in body:
         answer["id"] = body["id"]
-    return json_response(answer, headers=space_headers(request))
+    if not binary_output:
+        output["data"] = rows.reshape(-1)
+        return json_response(answer, headers=space_headers(request))
+    with stage("serialize"):
+        data = encode_rows(rows)
+        output["parameters"] = {"binary_data_size": len(data)}
+        header = json_bytes(answer)
+        content = header + data
+    headers = (space_headers(request) or {}) | {HEADER_LENGTH: str(len(header))}
+    return Response(content, 200, headers, "application/octet-stream")
 
 
 _INFER_ERRORS = (400, 404, 413, 415, 429, 503, 504)
@@ -169,6 +207,8 @@ _INFER = RouteSpec(
     summary="Infer (Open Inference Protocol v2): the model's one input tensor",
     operation_id="modelInfer",
     request_schema="InferRequest",
+    # the binary tensor data extension: Inference-Header-Content-Length bytes of JSON, then tensor bytes
+    request_media=("application/octet-stream",),
     response_schema="InferResponse",
     errors=_INFER_ERRORS,
 )
@@ -229,12 +269,16 @@ def routes_for(tensor: dict[str, Any]) -> list[RouteSpec]:
 SCHEMAS: dict[str, Any] = {
     "InferTensor": {
         "type": "object",
-        "required": ["name", "shape", "datatype", "data"],
+        "required": ["name", "shape", "datatype"],
         "properties": {
             "name": {"type": "string"},
             "shape": {"type": "array", "items": {"type": "integer"}},
             "datatype": {"type": "string"},
-            "data": {"type": "array"},
+            "data": {"type": "array", "description": "absent when parameters.binary_data_size is set"},
+            "parameters": {
+                "type": "object",
+                "properties": {"binary_data_size": {"type": "integer", "minimum": 0}},
+            },
         },
     },
     "InferRequest": {
@@ -243,7 +287,17 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": {"type": "string"},
             "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InferTensor"}},
-            "outputs": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+            "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
+            "outputs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}},
+                    },
+                },
+            },
         },
     },
     "InferResponse": {

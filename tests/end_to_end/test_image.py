@@ -481,6 +481,23 @@ def test_open_inference_protocol_uint8(image_server: RunningServer, image_bundle
     out = httpx.post(f"{image_server.url}/v2/models/mnv3s/infer", json=body).json()["outputs"][0]
     assert out["name"] == "probabilities" and out["shape"] == [2, 1000]
     np.testing.assert_allclose(np.array(out["data"]).reshape(2, 1000)[1], direct(image_bundle, images[1]), atol=1e-5)
+    # the binary tensor data extension: the pixels as raw bytes after the JSON, the answer likewise
+    tensor = {
+        "name": "images",
+        "datatype": "UINT8",
+        "shape": [2, 40, 50, 3],
+        "parameters": {"binary_data_size": images.nbytes},
+    }
+    head = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
+    answer = httpx.post(
+        f"{image_server.url}/v2/models/mnv3s/infer",
+        content=head + images.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"},
+    )
+    length = int(answer.headers["Inference-Header-Content-Length"])
+    assert json.loads(answer.content[:length])["outputs"][0]["parameters"] == {"binary_data_size": 2 * 1000 * 4}
+    rows = np.frombuffer(answer.content[length:], dtype="<f4").reshape(2, 1000)
+    np.testing.assert_array_equal(rows, np.array(out["data"], dtype=np.float32).reshape(2, 1000))
 
 
 def _bomb() -> bytes:
