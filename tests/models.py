@@ -233,62 +233,56 @@ def make_tiny_encoder(
     return out
 
 
-def make_tiny_classifier(out: Path, *, num_labels: int = 3, seed: int = 0, head_scale: float = 4.0) -> Path:
-    """A 2-layer, 64-wide BERT sequence classifier (MiniLM's tokenizer, random weights) with
-    named labels; `num_labels=1` makes a cross-encoder (a reranker). The classifier head is scaled
-    up so outputs differ clearly between inputs (random heads give nearly uniform probabilities)."""
+def make_labelled_model(
+    out: Path, head: str, labels: list[str], *, trunk: Path | None = None, seed: int = 0, head_scale: float = 4.0
+) -> Path:
+    """A BERT with a classification head over `labels` (`head`: "sequence", one prediction per
+    text, or "token", one per token): a 2-layer, 64-wide random model with MiniLM's tokenizer, or
+    `trunk`'s trained encoder and tokenizer with a seeded random head (no trained classifier,
+    cross-encoder or tagger ships on the package index, so the int8 error of the real weights is
+    what the gates see). The head is scaled by `head_scale` so outputs differ clearly between
+    inputs (random heads give nearly uniform probabilities)."""
     import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    out.mkdir(parents=True, exist_ok=True)
+    auto_class = {"sequence": AutoModelForSequenceClassification, "token": AutoModelForTokenClassification}[head]
+    names = {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
     torch.manual_seed(seed)
-    labels = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:num_labels])}
-    config = AutoConfig.for_model(
-        "bert",
-        vocab_size=30522,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-        num_labels=num_labels,
-        id2label=labels if num_labels > 1 else {0: "relevance"},
-        label2id={v: k for k, v in labels.items()} if num_labels > 1 else {"relevance": 0},
-    )
-    model = AutoModelForSequenceClassification.from_config(config).eval()
+    if trunk is None:
+        config = AutoConfig.for_model(
+            "bert", **_TINY_COMMON, max_position_embeddings=128, num_labels=len(labels), **names
+        )
+        model = auto_class.from_config(config).eval()
+    else:
+        model = auto_class.from_pretrained(trunk, num_labels=len(labels), **names).eval()
+        with torch.no_grad():
+            model.classifier.weight.normal_(0.0, 0.02)
+            model.classifier.bias.zero_()
     with torch.no_grad():
         model.classifier.weight.mul_(head_scale)
+    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     for name in TOKENIZER_FILES:
-        shutil.copyfile(minilm_dir() / name, out / name)
+        if ((trunk or minilm_dir()) / name).is_file():
+            shutil.copyfile((trunk or minilm_dir()) / name, out / name)
     return out
+
+
+def _sequence_labels(num_labels: int) -> list[str]:
+    """Sentiment-style names; one output is a cross-encoder's relevance."""
+    return ["negative", "neutral", "positive", "other"][:num_labels] if num_labels > 1 else ["relevance"]
+
+
+def make_tiny_classifier(out: Path, *, num_labels: int = 3, seed: int = 0, head_scale: float = 4.0) -> Path:
+    """A tiny random BERT sequence classifier (`make_labelled_model`) with named labels;
+    `num_labels=1` makes a cross-encoder (a reranker)."""
+    return make_labelled_model(out, "sequence", _sequence_labels(num_labels), seed=seed, head_scale=head_scale)
 
 
 def make_trunk_classifier(
     out: Path, trunk: Path, *, num_labels: int = 3, seed: int = 0, head_scale: float = 8.0
 ) -> Path:
     """A sequence classifier on a trained encoder (all-MiniLM-L6-v2's, or MPNet's) with a seeded
-    random head: no trained classifier or cross-encoder ships on the package index, so the int8
-    error of the real weights is what the gate sees (the head only spreads the outputs).
-    `num_labels=1` makes a cross-encoder."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    labels = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:num_labels])}
-    torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        trunk,
-        num_labels=num_labels,
-        id2label=labels if num_labels > 1 else {0: "relevance"},
-        label2id={v: k for k, v in labels.items()} if num_labels > 1 else {"relevance": 0},
-    ).eval()
-    with torch.no_grad():
-        model.classifier.weight.normal_(0.0, 0.02).mul_(head_scale)
-        model.classifier.bias.zero_()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (trunk / name).is_file():
-            shutil.copyfile(trunk / name, out / name)
-    return out
+    random head (`make_labelled_model`); `num_labels=1` makes a cross-encoder."""
+    labels = _sequence_labels(num_labels)
+    return make_labelled_model(out, "sequence", labels, trunk=trunk, seed=seed, head_scale=head_scale)

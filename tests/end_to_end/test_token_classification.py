@@ -4,7 +4,6 @@ through /v1/ner (checked against Hugging Face's own token-classification pipelin
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import httpx
@@ -26,40 +25,10 @@ TEXTS = [
 
 
 def make_tagger(out: Path, *, trunk: Path | None = None, seed: int = 0, head_scale: float = 6.0) -> Path:
-    """A BERT token classifier over LABELS: a 2-layer, 64-wide random model, or `trunk`'s trained
-    encoder with a seeded head (no trained tagger ships on the package index). The head is scaled
-    so labels differ clearly between tokens."""
-    import torch
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    """A BERT token classifier over LABELS: tiny and random, or on `trunk`'s trained encoder."""
+    from tests.models import make_labelled_model
 
-    from tests.models import TOKENIZER_FILES, minilm_dir
-
-    torch.manual_seed(seed)
-    labels = {"id2label": dict(enumerate(LABELS)), "label2id": {k: i for i, k in enumerate(LABELS)}}
-    if trunk is None:
-        config = AutoConfig.for_model(
-            "bert",
-            vocab_size=30522,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            initializer_range=0.2,
-            num_labels=len(LABELS),
-            **labels,
-        )
-        model = AutoModelForTokenClassification.from_config(config).eval()
-    else:
-        model = AutoModelForTokenClassification.from_pretrained(trunk, num_labels=len(LABELS), **labels).eval()
-    with torch.no_grad():
-        model.classifier.weight.normal_(0.0, 0.02 if trunk is not None else 0.2).mul_(head_scale)
-        model.classifier.bias.zero_()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile((trunk or minilm_dir()) / name, out / name)
-    return out
+    return make_labelled_model(out, "token", LABELS, trunk=trunk, seed=seed, head_scale=head_scale)
 
 
 def _build(checkpoint: Path, out: Path, work: Path, **options: object) -> Path:

@@ -494,6 +494,153 @@ def reference_decode_size(data: bytes) -> int:
         return int(image.size[0] * image.size[1])
 
 
+def _classifier(network: nn.Module, crop: int) -> tuple[Classifier, int]:
+    """The network followed by softmax, and how many classes it tells apart (one probe)."""
+    classifier = Classifier(network).eval()
+    with torch.inference_mode():
+        classes = int(classifier(torch.zeros(1, 3, crop, crop)).shape[1])
+    return classifier, classes
+
+
+def _export(spec: ExportSpec, pre: dict[str, Any], classifier: Classifier, out_dir: Path) -> None:
+    """model.onnx and preprocess.onnx (`export_graphs`); any failure is one ExportError line."""
+    log.info("export: %s to ONNX (opset %d) with preprocessing in the graph", spec.source, spec.opset)
+    try:
+        export_graphs(pre, classifier, out_dir, spec.opset)
+    except Exception as exc:  # noqa: BLE001
+        raise ExportError(f"cannot export {spec.source} to ONNX: {' '.join(str(exc).split())[:300]}") from None
+
+
+@dataclass(frozen=True)
+class _ValidationSet:
+    """What the reference runs on: raw-pixel images (the graph's preprocessing against
+    torchvision's) and encoded files (the server's decode), each file's name, format and
+    (width, height), and `raw`: how the raw images travel in reference.npz."""
+
+    images: list[np.ndarray]
+    files: list[bytes]
+    names: list[str]
+    formats: list[str]
+    sizes: list[tuple[int, int]]
+    raw: dict[str, Any]
+
+
+def _generated_validation_set() -> _ValidationSet:
+    """The generated images and files; the images travel as their specs (rendered again where
+    they are needed)."""
+    specs = validation_images()
+    encoded = encoded_validation_images()
+    validation = _ValidationSet(
+        images=[render_image(s) for s in specs],
+        files=[encode_validation_image(s) for s in encoded],
+        names=[s.name for s in encoded],
+        formats=[s.format for s in encoded],
+        sizes=[(s.width, s.height) for s in encoded],
+        raw={
+            "heights": np.array([s.height for s in specs]),
+            "widths": np.array([s.width for s in specs]),
+            "kinds": np.array([s.kind for s in specs]),
+            "seeds": np.array([s.seed for s in specs]),
+        },
+    )
+    log.info(
+        "export: PyTorch reference outputs on %d generated images and %d files",
+        len(validation.images),
+        len(validation.files),
+    )
+    return validation
+
+
+def _photo_validation_set(photos: list[tuple[str, bytes]], crop: int, where: str) -> _ValidationSet:
+    """The user's photos (read from `where`) as files, and `photo_pixel_set` of their reference
+    decodes as images, which travel as lossless PNGs."""
+    files = [data for _, data in photos]
+    decoded = [reference_decode(f) for f in files]
+    images = photo_pixel_set(decoded, crop)
+    raw_offsets, raw_data = pack_files([encode_png(im) for im in images])
+    log.info("export: PyTorch reference outputs on %d photos (%s)", len(files), where)
+    return _ValidationSet(
+        images=images,
+        files=files,
+        names=[name for name, _ in photos],
+        formats=[_format(f) for f in files],
+        sizes=[(d.shape[1], d.shape[0]) for d in decoded],
+        raw={"raw_offsets": raw_offsets, "raw_data": raw_data},
+    )
+
+
+def _write_reference(
+    classifier: Classifier, pre: dict[str, Any], validation: _ValidationSet, out_dir: Path
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """reference.npz: PyTorch's probabilities of the raw images (through torchvision's
+    transforms) and of the files (decoded by Pillow), and the server's default decode chosen on
+    them (`choose_decode`). Returns the decode's manifest fields and its metrics."""
+    pixels, probs = reference_outputs(classifier, pre, validation.images)
+    served = np.stack([classify_pixels(classifier, pre, reference_decode(f)) for f in validation.files])
+    if not (np.isfinite(probs).all() and np.isfinite(served).all()):
+        raise ExportError("the PyTorch model produces non-finite probabilities on the validation images")
+    decode, decode_metrics, reduced_diff = choose_decode(classifier, pre, validation.files, served)
+    log.info("export: the server's default decode: %s", _describe_decode(decode))
+    offsets, data = pack_files(validation.files)
+    np.savez_compressed(
+        out_dir / "reference.npz",
+        task=np.array("image-classification"),
+        **validation.raw,
+        pixels=pixels,
+        outputs=probs,
+        input_names=np.array([INPUT_NAME]),
+        served_names=np.array(validation.names),
+        served_formats=np.array(validation.formats),
+        served_sizes=np.array(validation.sizes),
+        served_offsets=offsets,
+        served_data=data,
+        served_outputs=served,
+        served_reduced_diff=reduced_diff,
+    )
+    return decode, decode_metrics
+
+
+def _write_calibration(calibration: list[tuple[str, bytes]], out_dir: Path) -> None:
+    """The user's calibration photos, packed, beside the export (`CALIBRATION_FILE`)."""
+    offsets, data = pack_files([data for _, data in calibration])
+    np.savez(out_dir / CALIBRATION_FILE, offsets=offsets, data=data)
+
+
+def _torch_latency(classifier: Classifier, pre: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """PyTorch's latency at `BENCH_SHAPES`: torchvision's transforms, then the model."""
+    log.info("export: measuring PyTorch eager latency (torchvision transforms + model)")
+    transform = reference_transform(pre)
+    mean, std = torch.tensor(pre["mean"]).view(1, 3, 1, 1), torch.tensor(pre["std"]).view(1, 3, 1, 1)
+
+    def torch_call(batch: torch.Tensor) -> torch.Tensor:
+        x = transform(batch.permute(0, 3, 1, 2)).float() / 255.0
+        return classifier((x - mean) / std)
+
+    torch_latency = {}
+    with torch.inference_mode():
+        for key, (n, h, w) in BENCH_SHAPES.items():
+            batch = torch.from_numpy(np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)]))
+            torch_latency[key] = measure_latency(partial(torch_call, batch), budget_s=3.0)
+    return torch_latency
+
+
+def _preprocessing_settings(pre: dict[str, Any], decode: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's preprocessing section: what the graph takes and does, and the decode."""
+    return {
+        "input_dtype": "uint8",
+        "layout": "NHWC",
+        "value_range": [0, 255],
+        "color": "RGB",
+        "resize_size": pre["resize_size"],
+        "crop_size": pre["crop_size"],
+        "interpolation": pre["interpolation"],
+        "antialias": True,
+        "mean": list(pre["mean"]),
+        "std": list(pre["std"]),
+        **decode,
+    }
+
+
 def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a torchvision model name) into `out_dir`; return what was written."""
     opts = spec.options_as(ImageOptions)
@@ -508,86 +655,23 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     calibration = read_image_files(opts.calibration_images, "calibration images") if opts.calibration_images else None
     network, source_record = load_image_network(source, opts.weights, pre["crop_size"])
     t0 = time.perf_counter()
-    classifier = Classifier(network).eval()
-    with torch.inference_mode():
-        classes = int(classifier(torch.zeros(1, 3, pre["crop_size"], pre["crop_size"])).shape[1])
+    classifier, classes = _classifier(network, pre["crop_size"])
     labels = read_labels(opts.labels, spec.source, classes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    log.info("export: %s to ONNX (opset %d) with preprocessing in the graph", spec.source, spec.opset)
-    try:
-        export_graphs(pre, classifier, out_dir, spec.opset)
-    except Exception as exc:  # noqa: BLE001
-        raise ExportError(f"cannot export {spec.source} to ONNX: {' '.join(str(exc).split())[:300]}") from None
+    _export(spec, pre, classifier, out_dir)
     seconds = time.perf_counter() - t0
     graph = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
 
     if photos is None:
-        specs = validation_images()
-        images = [render_image(s) for s in specs]
-        encoded = encoded_validation_images()
-        files = [encode_validation_image(s) for s in encoded]
-        names, formats = [s.name for s in encoded], [s.format for s in encoded]
-        sizes = [(s.width, s.height) for s in encoded]
-        log.info("export: PyTorch reference outputs on %d generated images and %d files", len(images), len(files))
+        validation = _generated_validation_set()
     else:
-        files, names = [data for _, data in photos], [name for name, _ in photos]
-        decoded = [reference_decode(f) for f in files]
-        images = photo_pixel_set(decoded, pre["crop_size"])
-        formats, sizes = [_format(f) for f in files], [(d.shape[1], d.shape[0]) for d in decoded]
-        log.info("export: PyTorch reference outputs on %d photos (%s)", len(files), opts.validation_images)
-    pixels, probs = reference_outputs(classifier, pre, images)
-    served = np.stack([classify_pixels(classifier, pre, reference_decode(f)) for f in files])
-    if not (np.isfinite(probs).all() and np.isfinite(served).all()):
-        raise ExportError("the PyTorch model produces non-finite probabilities on the validation images")
-    decode, decode_metrics, reduced_diff = choose_decode(classifier, pre, files, served)
-    log.info("export: the server's default decode: %s", _describe_decode(decode))
-    offsets, data = pack_files(files)
-    raw: dict[str, Any]
-    if photos is None:
-        # the generated images are rendered again from their specs where they are needed
-        raw = {
-            "heights": np.array([s.height for s in specs]),
-            "widths": np.array([s.width for s in specs]),
-            "kinds": np.array([s.kind for s in specs]),
-            "seeds": np.array([s.seed for s in specs]),
-        }
-    else:  # the photos' pixels travel as lossless PNGs
-        raw_offsets, raw_data = pack_files([encode_png(im) for im in images])
-        raw = {"raw_offsets": raw_offsets, "raw_data": raw_data}
-    np.savez_compressed(
-        out_dir / "reference.npz",
-        task=np.array("image-classification"),
-        **raw,
-        pixels=pixels,
-        outputs=probs,
-        input_names=np.array([INPUT_NAME]),
-        served_names=np.array(names),
-        served_formats=np.array(formats),
-        served_sizes=np.array(sizes),
-        served_offsets=offsets,
-        served_data=data,
-        served_outputs=served,
-        served_reduced_diff=reduced_diff,
-    )
+        validation = _photo_validation_set(photos, pre["crop_size"], str(opts.validation_images))
+    decode, decode_metrics = _write_reference(classifier, pre, validation, out_dir)
     if calibration is not None:
-        cal_offsets, cal_data = pack_files([data for _, data in calibration])
-        np.savez(out_dir / CALIBRATION_FILE, offsets=cal_offsets, data=cal_data)
+        _write_calibration(calibration, out_dir)
+    torch_latency = _torch_latency(classifier, pre)
 
-    log.info("export: measuring PyTorch eager latency (torchvision transforms + model)")
-    transform = reference_transform(pre)
-    mean, std = torch.tensor(pre["mean"]).view(1, 3, 1, 1), torch.tensor(pre["std"]).view(1, 3, 1, 1)
-
-    def torch_call(batch: torch.Tensor) -> torch.Tensor:
-        x = transform(batch.permute(0, 3, 1, 2)).float() / 255.0
-        return classifier((x - mean) / std)
-
-    torch_latency = {}
-    with torch.inference_mode():
-        for key, (n, h, w) in BENCH_SHAPES.items():
-            batch = torch.from_numpy(np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)]))
-            torch_latency[key] = measure_latency(partial(torch_call, batch), budget_s=3.0)
-
-    result = ExportResult(
+    return ExportResult(  # written once, by components.core.export.export_model
         task="image-classification",
         name=spec.name,
         source=source_record,
@@ -599,31 +683,15 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "nodes": float(len(graph.graph.node)),
             "mb": (out_dir / "model.onnx").stat().st_size / 1e6,
             "seconds": seconds,
-            "validation_samples": float(len(images)),
-            "validation_files": float(len(files)),
+            "validation_samples": float(len(validation.images)),
+            "validation_files": float(len(validation.files)),
             **decode_metrics,
         },
         torch_latency=torch_latency,
         versions={"torch": torch.__version__, "torchvision": torchvision.__version__, "onnx": onnx.__version__},
-        task_settings={
-            "preprocessing": {
-                "input_dtype": "uint8",
-                "layout": "NHWC",
-                "value_range": [0, 255],
-                "color": "RGB",
-                "resize_size": pre["resize_size"],
-                "crop_size": pre["crop_size"],
-                "interpolation": pre["interpolation"],
-                "antialias": True,
-                "mean": list(pre["mean"]),
-                "std": list(pre["std"]),
-                **decode,
-            },
-            "labels": labels,
-        },
+        task_settings={"preprocessing": _preprocessing_settings(pre, decode), "labels": labels},
         extra_files=[],
     )
-    return result  # written once, by components.core.export.export_model
 
 
 def _format(data: bytes) -> str:

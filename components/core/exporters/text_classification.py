@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,30 @@ import torch
 from torch import nn
 
 from components.core.artifacts import ExportResult
-from components.core.errors import ExportError, ModelLoadError, one_line
+from components.core.errors import ExportError, one_line
 from components.core.exporters.families import FAMILIES
-from components.core.exporters.text_embedding import (
+from components.core.exporters.text_common import (
+    classifier_input_names,
+    config_labels,
+    dummy_text_inputs,
+    encoder_info,
+    export_torchscript,
+    huggingface_source,
+    load_checkpoint,
+    max_length_for,
     save_tokenizer_json,
+    text_versions,
+    token_id_inputs,
     tokenize_reference,
     tokenizer_settings,
     torch_text_latency,
+    weights_file,
 )
 from components.core.specs import ExportSpec
 from components.core.validation_data import validation_sentences
-from serving.contracts import TextOptions
 
 log = logging.getLogger("ortpack.export")
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 PAIRS_PER_QUERY = 8
 _IDENTITY = ("torch.nn.modules.linear.Identity", "Identity")
 
@@ -64,24 +72,6 @@ class Classifier(nn.Module):
         if self.activation == "sigmoid":
             return torch.sigmoid(logits)
         return logits
-
-
-def weights_file(model_dir: Path) -> Path:
-    """The checkpoint's weights file, or a one-line ModelLoadError naming what is missing."""
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"model path is not a checkpoint directory: {model_dir}")
-    if not (model_dir / "config.json").is_file():
-        raise ModelLoadError(f"not a Hugging Face checkpoint: {model_dir} has no config.json")
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-        if (model_dir / name).is_file():
-            return model_dir / name
-    raise ModelLoadError(f"no weights in {model_dir} (expected model.safetensors or pytorch_model.bin)")
-
-
-def config_labels(config: Any, classes: int) -> list[str]:
-    """The config's `id2label` names for `classes` outputs (`LABEL_i` where it names none)."""
-    id2label = getattr(config, "id2label", None) or {}
-    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(classes)]
 
 
 def activation_of(config: Any) -> str:
@@ -116,53 +106,6 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     return load_checkpoint(model_dir, weights, AutoModelForSequenceClassification, "text-classification")
 
 
-def load_checkpoint(model_dir: Path, weights: Path, auto_class: Any, task: str) -> tuple[Any, Any]:
-    """(fast tokenizer, model in eval mode) of a local checkpoint through `auto_class` (a
-    transformers AutoModelFor... class); each refusal is one ModelLoadError line."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    if getattr(config, "auto_map", None):
-        raise ModelLoadError(f"{model_dir} asks for remote code (auto_map in config.json); ortpack never runs it")
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelLoadError(f"{model_dir} is an encoder-decoder ({config.model_type}); {task} needs an encoder")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint
-        raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {one_line(exc, 300)}") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelLoadError(f"{model_dir} has no fast tokenizer (tokenizer.json); ortpack ships one")
-    try:
-        model = auto_class.from_pretrained(
-            model_dir, attn_implementation="eager", local_files_only=True, use_safetensors=weights.suffix != ".bin"
-        )
-    except (ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{model_dir} is not a {task} model: {one_line(exc, 300)}") from None
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load weights from {weights}: {one_line(exc, 300)}") from None
-    return tokenizer, model.eval()
-
-
-def max_length_for(tokenizer: Any, config: Any, spec: ExportSpec) -> int:
-    """`max_length` within the model's positions, else the tokenizer's own limit."""
-    max_length = spec.options_as(TextOptions).max_length
-    # the encoder family's position handling (RoBERTa's ids start after the padding index);
-    # an architecture outside the table: a plain table of max_position_embeddings
-    family = FAMILIES.get(str(config.model_type))
-    limit = family.max_positions(config) if family else int(getattr(config, "max_position_embeddings", 512) or 512)
-    if max_length is not None:
-        if max_length > limit:
-            raise ExportError(f"max_length {max_length} exceeds the model's {limit} positions")
-        return max_length
-    return min(int(getattr(tokenizer, "model_max_length", limit) or limit), limit)
-
-
 @torch.inference_mode()
 def reference_outputs(module: Classifier, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
     lengths = inputs["lengths"]
@@ -179,22 +122,14 @@ def reference_outputs(module: Classifier, inputs: dict[str, np.ndarray], names: 
 
 def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
-    import inspect
-
     import onnx
-    import transformers
-
-    from serving.bundle import sha256_file
 
     model_dir = Path(spec.source)
     weights = weights_file(model_dir)
     t0 = time.perf_counter()
     tokenizer, model = _load(model_dir, weights)
     config = model.config
-    accepted = inspect.signature(model.forward).parameters
-    names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
-    if names[:2] != ("input_ids", "attention_mask"):
-        raise ExportError(f"model takes {names}; a text classifier needs input_ids and attention_mask")
+    names = classifier_input_names(tokenizer, model, "a text classifier")
     activation = activation_of(config)
     classes = int(config.num_labels)
     pairs = classes == 1  # a cross-encoder: scores (query, document) pairs
@@ -204,31 +139,13 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / "model.onnx"
-    dummy = {
-        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long)
-        % int(config.vocab_size),
-        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.long),
-        "token_type_ids": torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.long),
-    }
-    axes = {name: {0: "batch", 1: "sequence"} for name in names}
-    axes[output_name] = {0: "batch"}
     log.info(
         "export: tracing %s to ONNX (opset %d), %s over %d labels", model_dir.name, spec.opset, activation, classes
     )
+    # a (query, document) pair in the first row
+    dummy = dummy_text_inputs(names, int(config.vocab_size), segments=((0, 0, 1, 1), (0, 0, 0, 0)))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module,
-                tuple(dummy[n] for n in names),
-                str(model_path),
-                input_names=list(names),
-                output_names=[output_name],
-                dynamic_axes=axes,
-                opset_version=spec.opset,
-                dynamo=False,  # the legacy exporter gives the graph ORT's BERT fusions recognise
-                do_constant_folding=True,
-            )
+        export_torchscript(module, dummy, model_path, names, output_name, {0: "batch"}, spec.opset)
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
@@ -260,30 +177,17 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
 
     torch_latency = torch_text_latency(module, names, max_length, int(config.vocab_size))
 
-    labels = config_labels(config, classes)
-    result = ExportResult(
+    # the family's fuser (ORT's BERT fusions or onnxscript's both fuse a TorchScript graph);
+    # an architecture outside the families table is not fused
+    family = FAMILIES.get(str(config.model_type))
+    return ExportResult(  # written once, by components.core.export.export_model
         task="text-classification",
         name=spec.name,
-        source={
-            "kind": "huggingface",
-            "id": str(getattr(config, "_name_or_path", "") or model_dir.name),
-            "revision": None,
-            "weights_sha256": sha256_file(weights),
-        },
-        inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in names],
+        source=huggingface_source(config, model_dir, weights),
+        inputs=token_id_inputs(names),
         outputs=[{"name": output_name, "dtype": "float32", "shape": ["batch", classes]}],
         opset=spec.opset,
-        model_info={
-            "model_type": str(config.model_type),
-            "exporter": "torchscript",
-            # the family's fuser (ORT's BERT fusions or onnxscript's both fuse a TorchScript graph);
-            # an architecture outside the families table is not fused
-            "fuser": family.fuser if (family := FAMILIES.get(str(config.model_type))) else "none",
-            "num_heads": int(getattr(config, "num_attention_heads", 0)),
-            "hidden_size": int(getattr(config, "hidden_size", 0)),
-            "vocab_size": int(config.vocab_size),
-            "num_layers": int(getattr(config, "num_hidden_layers", 0)),
-        },
+        model_info=encoder_info(config, "torchscript", family.fuser if family else "none"),
         metrics={
             "nodes": float(len(graph.graph.node)),
             "mb": model_path.stat().st_size / 1e6,
@@ -291,12 +195,11 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "validation_samples": float(len(outputs)),
         },
         torch_latency=torch_latency,
-        versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
+        versions=text_versions(),
         task_settings={
             "tokenizer": tokenizer_settings(tokenizer, max_length, names),
             "classification": {"activation": activation, "pairs": pairs},
-            "labels": labels,
+            "labels": config_labels(config, classes),
         },
         extra_files=["tokenizer.json"],
     )
-    return result  # written once, by components.core.export.export_model

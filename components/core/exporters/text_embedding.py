@@ -23,7 +23,6 @@ import logging
 import os
 import time
 import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,25 @@ from torch import nn
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, ModelLoadError, one_line
 from components.core.exporters.families import EncoderFamily, family_for
+from components.core.exporters.text_common import (
+    INPUT_NAMES,
+    dummy_text_inputs,
+    encoder_info,
+    export_torchscript,
+    huggingface_source,
+    save_tokenizer_json,
+    text_versions,
+    token_id_inputs,
+    tokenize_reference,
+    tokenizer_settings,
+    torch_text_latency,
+)
 from components.core.specs import ExportSpec
-from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from components.core.validation_data import validation_sentences
 from serving.contracts import TextOptions
 
 log = logging.getLogger("ortpack.export")
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "sentence_embedding"
 REFERENCE_BATCH = 32
 DYNAMO_MIN_OPSET = 18  # torch.export's ONNX translation targets opset 18 and later
@@ -255,85 +265,6 @@ def _max_length(
     return min(model_max, limit)
 
 
-def save_tokenizer_json(tokenizer: Any, path: Path) -> None:
-    """Save the fast tokenizer as a bare tokenizer.json: no truncation or padding baked in; the
-    server applies both from the manifest settings."""
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    backend.no_truncation()
-    backend.no_padding()
-    backend.save(str(path))
-
-
-def tokenizer_settings(tokenizer: Any, max_length: int, input_names: tuple[str, ...]) -> dict[str, Any]:
-    """The manifest's tokenizer section of a text export (serving.contracts.TokenizerSettings)."""
-    return {
-        "file": "tokenizer.json",
-        "max_length": max_length,
-        "truncation": True,
-        "padding": "longest",
-        "pad_token_id": int(tokenizer.pad_token_id or 0),
-        "model_input_names": list(input_names),
-    }
-
-
-def torch_text_latency(
-    module: nn.Module, input_names: tuple[str, ...], max_length: int, vocab_size: int
-) -> dict[str, dict[str, float]]:
-    """PyTorch's latency at the text benchmark shapes (b1x16, b16x128 within `max_length`), on
-    random token ids: what each variant's speed-up is measured against."""
-    latency = {}
-    with torch.inference_mode():
-        for key, (batch, seq) in text_bench_shapes(max_length).items():
-            feeds = synthetic_text_batch(batch, seq, list(input_names), vocab_size=vocab_size)
-            tensors = [torch.from_numpy(feeds[n]) for n in input_names]
-            latency[key] = measure_latency(partial(module, *tensors), budget_s=3.0)
-    return latency
-
-
-def tokenize_reference(
-    tokenizer_file: Path,
-    hf_tokenizer: Any,
-    texts: tuple[str, ...] | list[str],
-    max_length: int,
-    input_names: tuple[str, ...],
-    pairs_with: list[str] | None = None,
-) -> dict[str, np.ndarray]:
-    """Tokenize `texts` (or the pairs `texts[i]`, `pairs_with[i]`) with the shipped tokenizer.json
-    exactly as the server will, padded to the longest, and check it agrees with the checkpoint's
-    own tokenizer (a disagreement would break parity silently). Returns the named arrays and
-    `lengths`."""
-    from tokenizers import Tokenizer
-
-    texts = list(texts)
-    shipped = Tokenizer.from_file(str(tokenizer_file))
-    shipped.enable_truncation(max_length)
-    inputs = list(zip(texts, pairs_with, strict=True)) if pairs_with is not None else texts
-    encodings = shipped.encode_batch(inputs)
-    expected = hf_tokenizer(texts, pairs_with, truncation=True, max_length=max_length)["input_ids"]
-    mismatched = [i for i, (enc, ids) in enumerate(zip(encodings, expected, strict=True)) if enc.ids != list(ids)]
-    if mismatched:
-        raise ExportError(
-            f"tokenizer.json disagrees with the checkpoint tokenizer on {len(mismatched)} of "
-            f"{len(texts)} validation inputs (first: {texts[mismatched[0]]!r})"
-        )
-    lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
-    width = int(lengths.max())
-    pad_id = hf_tokenizer.pad_token_id or 0
-    arrays = {
-        "input_ids": np.full((len(texts), width), pad_id, dtype=np.int64),
-        "attention_mask": np.zeros((len(texts), width), dtype=np.int64),
-        "token_type_ids": np.zeros((len(texts), width), dtype=np.int64),
-    }
-    for i, enc in enumerate(encodings):
-        n = len(enc.ids)
-        arrays["input_ids"][i, :n] = enc.ids
-        arrays["attention_mask"][i, :n] = 1
-        arrays["token_type_ids"][i, :n] = enc.type_ids
-    return {**{name: arrays[name] for name in input_names}, "lengths": lengths}
-
-
 @torch.inference_mode()
 def reference_outputs(
     module: SentenceEmbedding, inputs: dict[str, np.ndarray], input_names: tuple[str, ...]
@@ -350,36 +281,6 @@ def reference_outputs(
         for row, i in enumerate(idx):
             rows[int(i)] = emb[row]
     return np.stack([rows[i] for i in range(len(lengths))]).astype(np.float32)
-
-
-def _dummy_inputs(input_names: tuple[str, ...], vocab_size: int) -> tuple[torch.Tensor, ...]:
-    dummy = {
-        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long) % vocab_size,
-        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.long),
-        "token_type_ids": torch.zeros((2, 4), dtype=torch.long),
-    }
-    return tuple(dummy[name] for name in input_names)
-
-
-def _export_onnx(
-    module: SentenceEmbedding, input_names: tuple[str, ...], path: Path, opset: int, vocab_size: int
-) -> None:
-    """The TorchScript exporter (`dynamo=False`): the graph ORT's BERT fusions recognise."""
-    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
-    axes[OUTPUT_NAME] = {0: "batch"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            _dummy_inputs(input_names, vocab_size),
-            str(path),
-            input_names=list(input_names),
-            output_names=[OUTPUT_NAME],
-            dynamic_axes=axes,
-            opset_version=opset,
-            dynamo=False,
-            do_constant_folding=True,
-        )
 
 
 class _NamedInputs(nn.Module):
@@ -410,7 +311,7 @@ def _export_onnx_dynamo(
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             _NamedInputs(module),
-            _dummy_inputs(input_names, vocab_size),
+            dummy_text_inputs(input_names, vocab_size),
             input_names=list(input_names),
             output_names=[OUTPUT_NAME],
             dynamic_shapes={name: {0: batch, 1: sequence} for name in input_names},
@@ -457,28 +358,32 @@ def _input_names(tokenizer: Any, encoder: Any, family: EncoderFamily) -> tuple[s
     return names
 
 
-def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
-    """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
+def _embedding_module(
+    tokenizer: Any, encoder: Any, family: EncoderFamily, pooling_config: dict[str, Any]
+) -> SentenceEmbedding:
+    """The encoder followed by the checkpoint's pooling, taking the inputs `_input_names` chooses."""
+    pooling = Pooling(pooling_config["mode"], pooling_config["normalize"])
+    return SentenceEmbedding(encoder, pooling, _input_names(tokenizer, encoder, family)).eval()
+
+
+def _opset_for(family: EncoderFamily, opset: int) -> int:
+    """The spec's opset, raised to what torch.export's ONNX translation targets for dynamo families."""
+    return max(opset, DYNAMO_MIN_OPSET) if family.exporter == "dynamo" else opset
+
+
+def _export_graph(
+    module: SentenceEmbedding,
+    family: EncoderFamily,
+    model_dir: Path,
+    path: Path,
+    opset: int,
+    vocab_size: int,
+    max_length: int,
+) -> None:
+    """`path` from the family's exporter (TorchScript or dynamo), checked; any failure of either
+    means this model cannot be exported, and is one ExportError line."""
     import onnx
-    import transformers
 
-    from serving.bundle import sha256_file
-
-    model_dir = Path(spec.source)
-    weights, family = _check_checkpoint(model_dir)
-    pooling_config = read_pooling_config(model_dir)
-    t0 = time.perf_counter()
-    tokenizer, encoder = _load(model_dir, weights)
-    config = encoder.config
-    input_names = _input_names(tokenizer, encoder, family)
-    max_length = _max_length(tokenizer, config, pooling_config, spec, family, _position_limit(encoder, family))
-    module = SentenceEmbedding(
-        encoder, Pooling(pooling_config["mode"], pooling_config["normalize"]), input_names
-    ).eval()
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model_path = out_dir / "model.onnx"
-    opset = max(spec.opset, DYNAMO_MIN_OPSET) if family.exporter == "dynamo" else spec.opset
     log.info(
         "export: %s (%s) to ONNX with the %s exporter, opset %d",
         model_dir.name,
@@ -486,90 +391,108 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
         family.exporter,
         opset,
     )
+    names = module.input_names
     try:
         if family.exporter == "dynamo":
-            _export_onnx_dynamo(module, input_names, model_path, opset, int(config.vocab_size), max_length)
+            _export_onnx_dynamo(module, names, path, opset, vocab_size, max_length)
         else:
-            _export_onnx(module, input_names, model_path, opset, int(config.vocab_size))
-        onnx.checker.check_model(str(model_path), full_check=True)
+            dummy = dummy_text_inputs(names, vocab_size)
+            export_torchscript(module, dummy, path, names, OUTPUT_NAME, {0: "batch"}, opset)
+        onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
-    export_seconds = time.perf_counter() - t0
-    graph = onnx.load(str(model_path))
-    # An input the model ignores (DeBERTa's token types with type_vocab_size 0) is dropped by the
-    # exporter: feed exactly the inputs the graph has.
+
+
+def _fit_graph(module: SentenceEmbedding, path: Path) -> tuple[Any, int]:
+    """Make the module take exactly the exported graph's inputs and pin the graph's embedding
+    width; returns the saved graph and the width. An input the model ignores (DeBERTa's token
+    types with type_vocab_size 0) is dropped by the exporter, so the reference must not feed it."""
+    import onnx
+
+    graph = onnx.load(str(path))
     graph_inputs = {i.name for i in graph.graph.input}
-    input_names = tuple(n for n in input_names if n in graph_inputs)
+    input_names = tuple(n for n in module.input_names if n in graph_inputs)
     if input_names[:2] != ("input_ids", "attention_mask"):
         raise ExportError(f"the exported graph takes {sorted(graph_inputs)}; it needs input_ids and attention_mask")
     module.input_names = input_names
     dim = _pin_output_dim(graph, module, input_names)
-    onnx.save(graph, str(model_path))
+    onnx.save(graph, str(path))
+    return graph, dim
 
+
+def _write_reference(module: SentenceEmbedding, tokenizer: Any, max_length: int, out_dir: Path) -> int:
+    """tokenizer.json, and reference.npz: PyTorch's embeddings of the validation sentences as the
+    shipped tokenizer feeds them. Returns how many sentences."""
     tokenizer_path = out_dir / "tokenizer.json"
     save_tokenizer_json(tokenizer, tokenizer_path)
     texts = validation_sentences()
     log.info("export: computing PyTorch reference outputs on %d sentences", len(texts))
-    inputs = tokenize_reference(tokenizer_path, tokenizer, texts, max_length, input_names)
-    embeddings = reference_outputs(module, inputs, input_names)
+    inputs = tokenize_reference(tokenizer_path, tokenizer, texts, max_length, module.input_names)
+    embeddings = reference_outputs(module, inputs, module.input_names)
     if not np.isfinite(embeddings).all():
         raise ExportError("the PyTorch model produces non-finite embeddings on the validation set")
     arrays: dict[str, Any] = {
         "task": np.array("text-embedding"),
         "texts": np.array(texts),
         "outputs": embeddings,
-        "input_names": np.array(input_names),
+        "input_names": np.array(module.input_names),
         **inputs,
     }
     np.savez_compressed(out_dir / "reference.npz", **arrays)
+    return len(texts)
 
+
+def _torch_latency(module: SentenceEmbedding, encoder: Any, max_length: int) -> dict[str, dict[str, float]]:
+    """PyTorch's latency as users run it: transformers' default attention, not the eager attention
+    the exporter needs (the same math; sdpa is the faster kernel)."""
     log.info("export: measuring PyTorch eager latency")
-    # The baseline is what users run: transformers' default attention, not the eager attention the
-    # exporter needs (the same math; sdpa is the faster kernel).
     try:
         encoder.set_attn_implementation("sdpa")
     except (AttributeError, ValueError):
         pass  # this architecture has only eager attention
-    torch_latency = torch_text_latency(module, input_names, max_length, int(config.vocab_size))
+    return torch_text_latency(module, module.input_names, max_length, int(encoder.config.vocab_size))
 
-    source = {
-        "kind": "huggingface",
-        "id": str(getattr(config, "_name_or_path", "") or model_dir.name),
-        "revision": None,
-        "weights_sha256": sha256_file(weights),
-    }
-    result = ExportResult(
+
+def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
+    """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
+    model_dir = Path(spec.source)
+    weights, family = _check_checkpoint(model_dir)
+    pooling_config = read_pooling_config(model_dir)
+    t0 = time.perf_counter()
+    tokenizer, encoder = _load(model_dir, weights)
+    module = _embedding_module(tokenizer, encoder, family, pooling_config)
+    limit = _position_limit(encoder, family)
+    max_length = _max_length(tokenizer, encoder.config, pooling_config, spec, family, limit)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = out_dir / "model.onnx"
+    opset = _opset_for(family, spec.opset)
+    _export_graph(module, family, model_dir, model_path, opset, int(encoder.config.vocab_size), max_length)
+    export_seconds = time.perf_counter() - t0
+    graph, dim = _fit_graph(module, model_path)
+    samples = _write_reference(module, tokenizer, max_length, out_dir)
+    torch_latency = _torch_latency(module, encoder, max_length)
+
+    config = encoder.config
+    return ExportResult(  # written once, by components.core.export.export_model
         task="text-embedding",
         name=spec.name,
-        source=source,
-        inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in input_names],
+        source=huggingface_source(config, model_dir, weights),
+        inputs=token_id_inputs(module.input_names),
         outputs=[{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", dim]}],
         opset=opset,
-        model_info={
-            "model_type": str(config.model_type),
-            "exporter": family.exporter,
-            "fuser": family.fuser,
-            "num_heads": int(getattr(config, "num_attention_heads", 0)),
-            "hidden_size": int(getattr(config, "hidden_size", dim)),
-            "vocab_size": int(config.vocab_size),
-            "num_layers": int(getattr(config, "num_hidden_layers", 0)),
-        },
+        model_info=encoder_info(config, family.exporter, family.fuser, hidden_size=dim),
         metrics={
             "nodes": float(len(graph.graph.node)),
             "mb": model_path.stat().st_size / 1e6,
             "seconds": export_seconds,
-            "validation_samples": float(len(texts)),
+            "validation_samples": float(samples),
         },
         torch_latency=torch_latency,
-        versions={
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "onnx": onnx.__version__,
-        },
+        versions=text_versions(),
         task_settings={
-            "tokenizer": tokenizer_settings(tokenizer, max_length, input_names),
+            "tokenizer": tokenizer_settings(tokenizer, max_length, module.input_names),
             "pooling": {"mode": pooling_config["mode"], "normalize": bool(pooling_config["normalize"])},
         },
         extra_files=["tokenizer.json"],
     )
-    return result  # written once, by components.core.export.export_model

@@ -13,10 +13,8 @@ max length with -1 (the server pads its rows the same way, so probe rows line up
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,22 @@ from torch import nn
 from components.core.artifacts import ExportResult
 from components.core.errors import ExportError, one_line
 from components.core.exporters.families import FAMILIES
-from components.core.exporters.text_classification import config_labels, load_checkpoint, max_length_for, weights_file
-from components.core.exporters.text_embedding import (
+from components.core.exporters.text_common import (
+    classifier_input_names,
+    config_labels,
+    dummy_text_inputs,
+    encoder_info,
+    export_torchscript,
+    huggingface_source,
+    load_checkpoint,
+    max_length_for,
     save_tokenizer_json,
+    text_versions,
+    token_id_inputs,
     tokenize_reference,
     tokenizer_settings,
     torch_text_latency,
+    weights_file,
 )
 from components.core.specs import ExportSpec
 from components.core.validation_data import validation_sentences
@@ -40,7 +48,6 @@ from serving.contracts.token_classification import TokenOptions
 
 log = logging.getLogger("ortpack.export")
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT = "probabilities"
 PAD = -1.0  # the value of every position past a text's tokens, in references and served rows
 
@@ -83,48 +90,24 @@ def reference_outputs(module: TokenTagger, inputs: dict[str, np.ndarray], names:
 def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a checkpoint directory) into `out_dir`; return what was written."""
     import onnx
-    import transformers
     from transformers import AutoModelForTokenClassification
-
-    from serving.bundle import sha256_file
 
     model_dir = Path(spec.source)
     weights = weights_file(model_dir)
     t0 = time.perf_counter()
     tokenizer, model = load_checkpoint(model_dir, weights, AutoModelForTokenClassification, spec.task)
     config = model.config
-    accepted = inspect.signature(model.forward).parameters
-    names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
-    if names[:2] != ("input_ids", "attention_mask"):
-        raise ExportError(f"model takes {names}; a token classifier needs input_ids and attention_mask")
+    names = classifier_input_names(tokenizer, model, "a token classifier")
     classes = int(config.num_labels)
     max_length = max_length_for(tokenizer, config, spec)
     module = TokenTagger(model, names).eval()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / "model.onnx"
-    dummy = {
-        "input_ids": torch.tensor([[101, 2023, 2003, 102], [101, 2182, 102, 0]], dtype=torch.long)
-        % int(config.vocab_size),
-        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.long),
-        "token_type_ids": torch.zeros((2, 4), dtype=torch.long),
-    }
-    axes = {name: {0: "batch", 1: "sequence"} for name in (*names, OUTPUT)}
     log.info("export: tracing %s to ONNX (opset %d), %d labels per token", model_dir.name, spec.opset, classes)
+    dummy = dummy_text_inputs(names, int(config.vocab_size))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module,
-                tuple(dummy[n] for n in names),
-                str(model_path),
-                input_names=list(names),
-                output_names=[OUTPUT],
-                dynamic_axes=axes,
-                opset_version=spec.opset,
-                dynamo=False,  # the legacy exporter gives the graph ORT's BERT fusions recognise
-                do_constant_folding=True,
-            )
+        export_torchscript(module, dummy, model_path, names, OUTPUT, {0: "batch", 1: "sequence"}, spec.opset)
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
@@ -149,29 +132,15 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
 
     torch_latency = torch_text_latency(module, names, max_length, int(config.vocab_size))
 
-    labels = config_labels(config, classes)
     family = FAMILIES.get(str(config.model_type))
-    result = ExportResult(
+    return ExportResult(  # written once, by components.core.export.export_model
         task=spec.task,
         name=spec.name,
-        source={
-            "kind": "huggingface",
-            "id": str(getattr(config, "_name_or_path", "") or model_dir.name),
-            "revision": None,
-            "weights_sha256": sha256_file(weights),
-        },
-        inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in names],
+        source=huggingface_source(config, model_dir, weights),
+        inputs=token_id_inputs(names),
         outputs=[{"name": OUTPUT, "dtype": "float32", "shape": ["batch", "sequence", classes]}],
         opset=spec.opset,
-        model_info={
-            "model_type": str(config.model_type),
-            "exporter": "torchscript",
-            "fuser": family.fuser if family else "none",
-            "num_heads": int(getattr(config, "num_attention_heads", 0)),
-            "hidden_size": int(getattr(config, "hidden_size", 0)),
-            "vocab_size": int(config.vocab_size),
-            "num_layers": int(getattr(config, "num_hidden_layers", 0)),
-        },
+        model_info=encoder_info(config, "torchscript", family.fuser if family else "none"),
         metrics={
             "nodes": float(len(graph.graph.node)),
             "mb": model_path.stat().st_size / 1e6,
@@ -180,12 +149,11 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "validation_tokens": float(inputs["lengths"].sum()),
         },
         torch_latency=torch_latency,
-        versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
+        versions=text_versions(),
         task_settings={
             "tokenizer": tokenizer_settings(tokenizer, max_length, names),
-            "labels": labels,
+            "labels": config_labels(config, classes),
             "aggregation": spec.options_as(TokenOptions).aggregation or "first",
         },
         extra_files=["tokenizer.json"],
     )
-    return result  # written once, by components.core.export.export_model
