@@ -286,3 +286,25 @@ def make_trunk_classifier(
     random head (`make_labelled_model`); `num_labels=1` makes a cross-encoder."""
     labels = _sequence_labels(num_labels)
     return make_labelled_model(out, "sequence", labels, trunk=trunk, seed=seed, head_scale=head_scale)
+
+
+def build_tiny_bundle(model: Path, out: Path, precisions: tuple[str, ...]) -> Path:
+    """A bundle named tiny-bert built from `model`, the way the pipeline builds one (no benchmark)."""
+    from components.core.export import export_model
+    from components.core.optimize import optimize_model
+    from components.core.package import package_dirs
+    from components.core.parity import validate_variant
+    from components.core.specs import ExportSpec, VariantSpec
+    from components.core.tasks import thresholds_for
+
+    export = out.parent / f"{out.name}-export"
+    export_model(ExportSpec(source=str(model), task="text-embedding", name="tiny-bert"), export)
+    variants = []
+    for precision in precisions:
+        variant = VariantSpec(target="cpu", precision=precision)
+        vdir = out.parent / f"{out.name}-{variant.id}"
+        optimize_model(export, variant, vdir)
+        validate_variant(vdir, export, thresholds_for("text-embedding", precision))
+        variants.append(vdir)
+    package_dirs(export, variants, out)
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -81,3 +82,28 @@ def wait_until_ready(server: RunningServer, timeout: float = 60) -> None:
             pass
         time.sleep(0.05)
     raise RuntimeError(f"server not ready after {timeout} s:\n{server.output()}")
+
+
+# --- raw HTTP over a socket ----------------------------------------------------------------------
+
+
+def read_to_close(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse(answer: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    headers = {k.lower(): v for k, v in headers.items()}
+    return int(lines[0].split()[1]), headers, json.loads(body) if body else {}

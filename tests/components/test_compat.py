@@ -20,37 +20,16 @@ import pytest
 
 from serving.bundle import BundleError, embedding_space, read_manifest, space_id
 from tests.cli import ortpack
+from tests.models import build_tiny_bundle
 from tests.servers import free_port, running_server
 
 SPACE_ID = re.compile(r"^sha256:[0-9a-f]{16}$")
 
 
-def build(model: Path, out: Path, precisions: tuple[str, ...]) -> Path:
-    """A bundle named tiny-bert built from `model`, the way the pipeline builds one (no benchmark)."""
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.package import package_dirs
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
-
-    export = out.parent / f"{out.name}-export"
-    export_model(ExportSpec(source=str(model), task="text-embedding", name="tiny-bert"), export)
-    variants = []
-    for precision in precisions:
-        variant = VariantSpec(target="cpu", precision=precision)
-        vdir = out.parent / f"{out.name}-{variant.id}"
-        optimize_model(export, variant, vdir)
-        validate_variant(vdir, export, thresholds_for("text-embedding", precision))
-        variants.append(vdir)
-    package_dirs(export, variants, out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def rebuilt(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same checkpoint as `tiny_bundle`, exported and built again from scratch."""
-    return build(tiny_bert, tmp_path_factory.mktemp("rebuilt") / "tiny-bert", ("fp32", "int8"))
+    return build_tiny_bundle(tiny_bert, tmp_path_factory.mktemp("rebuilt") / "tiny-bert", ("fp32", "int8"))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +37,7 @@ def reseeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.models import make_tiny_bert
 
     root = tmp_path_factory.mktemp("reseeded")
-    return build(make_tiny_bert(root / "model", seed=1), root / "tiny-bert", ("fp32",))
+    return build_tiny_bundle(make_tiny_bert(root / "model", seed=1), root / "tiny-bert", ("fp32",))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +45,7 @@ def narrow(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.models import make_tiny_bert
 
     root = tmp_path_factory.mktemp("narrow")
-    return build(make_tiny_bert(root / "model", hidden_size=32), root / "tiny-bert", ("fp32",))
+    return build_tiny_bundle(make_tiny_bert(root / "model", hidden_size=32), root / "tiny-bert", ("fp32",))
 
 
 def spaces(bundle: Path) -> dict[str, dict[str, object]]:

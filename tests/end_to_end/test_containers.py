@@ -100,7 +100,7 @@ def trust_dir(keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
 
 
 def _deployment(overlay: str = "overlays/init-container") -> dict[str, Any]:
-    from tests.pipelines.test_deploy import DEPLOY, render
+    from tests.kustomize import DEPLOY, render
 
     (deployment,) = [o for o in render(DEPLOY / overlay) if o["kind"] == "Deployment"]
     return deployment

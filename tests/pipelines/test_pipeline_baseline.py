@@ -32,11 +32,10 @@ SECTION = "Compatibility with the baseline"
 @pytest.fixture(scope="module")
 def reseeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny-bert bundle (fp32) of another random checkpoint: the same shape, another space."""
-    from tests.components.test_compat import build
-    from tests.models import make_tiny_bert
+    from tests.models import build_tiny_bundle, make_tiny_bert
 
     root = tmp_path_factory.mktemp("reseeded")
-    return build(make_tiny_bert(root / "model", seed=1), root / "tiny-bert", ("fp32",))
+    return build_tiny_bundle(make_tiny_bert(root / "model", seed=1), root / "tiny-bert", ("fp32",))
 
 
 @pytest.fixture(scope="module")

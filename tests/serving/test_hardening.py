@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.fakes import metric
-from tests.servers import RunningServer, free_port, running_server
+from tests.servers import RunningServer, free_port, parse, read_to_close, running_server
 
 KEY = "k3y"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -62,28 +62,6 @@ def talk(port: int, data: bytes, timeout: float = 10) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
         return read_to_close(sock, timeout)
-
-
-def read_to_close(sock: socket.socket, timeout: float) -> bytes:
-    sock.settimeout(timeout)
-    chunks = []
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def parse(answer: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
-    headers = {k.lower(): v for k, v in headers.items()}
-    return int(lines[0].split()[1]), headers, json.loads(body) if body else {}
 
 
 def scrape(metrics_port: int) -> str:

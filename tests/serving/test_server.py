@@ -207,7 +207,7 @@ def test_api_key_from_a_file(tiny_bundle: Path, tmp_path: Path) -> None:
 def test_sigterm_with_slow_body_clients_answers_them_in_json_and_exits(tiny_bundle: Path, tmp_path: Path) -> None:
     """Slow-body connections do not hold the drain past --body-timeout-s, and get a JSON 408
     (before: 35 s, then plain-text 500s with tracebacks)."""
-    from tests.serving.test_hardening import parse, read_to_close
+    from tests.servers import parse, read_to_close
 
     with running_server(tiny_bundle, "--body-timeout-s", "2", log_dir=tmp_path) as s:
         port = int(s.url.rsplit(":", 1)[1])
