@@ -227,9 +227,8 @@ def main() -> int:
     macs = int8_macs_per_token(model)
     plan = plan_for(variant)
     task = get_task(manifest.task)
-    fields = manifest.model_dump()
     backends = {
-        name: task.backend(session(model, plan, threads, entries, level, arena), fields)
+        name: task.backend(session(model, plan, threads, entries, level, arena), settings, manifest.output_width)
         for name, (threads, entries, level, arena) in OPTION_SETS.items()
     }
     cores = len(os.sched_getaffinity(0))

@@ -278,6 +278,11 @@ class Manifest(_Strict):
     def task(self) -> str:
         return self.task_settings.task
 
+    @property
+    def output_width(self) -> int:
+        """The last axis of the model's output: the embedding's dimensions, the labels' count."""
+        return int(self.outputs[0].shape[-1])
+
     def variant(self, variant_id: str) -> Variant:
         for v in self.variants:
             if v.id == variant_id:

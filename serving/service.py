@@ -290,7 +290,7 @@ def _open(
     if config.lone_thread_count > max(1, config.intra_op_threads):
         # The same verified bytes in a second session with every core, for batches that run alone.
         lone_session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
-        lone_backend = task.backend(lone_session, manifest.model_dump())
+        lone_backend = task.backend(lone_session, manifest.task_settings, manifest.output_width)
         batching = f"{runtime.batching}; a batch alone on {config.lone_thread_count} threads"
     else:
         batching = runtime.batching

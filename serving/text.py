@@ -24,6 +24,7 @@ from pydantic import AfterValidator, Field, StrictInt, ValidationInfo
 
 from serving import context
 from serving.bodies import worded
+from serving.contracts import TextSettings
 from serving.errors import InvalidRequestError, PayloadTooLargeError
 
 # A request of one text up to this long is tokenized inline on the event loop (~50-70 us for a
@@ -305,13 +306,13 @@ def v2_texts(tensor: dict[str, Any]) -> list[str]:
     return data
 
 
-def probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Any:
+def probe_prepare(settings: TextSettings, files: dict[str, bytes]) -> Any:
     """Probe inputs (texts, or (query, document) pairs) to token payloads with the bundle's
     tokenizer at the bundle's own max length, whatever --max-tokens the server uses: the probe
-    checks the variant, not the server's limits. `fields` are the manifest's fields as a dict."""
-    tokenizer = fields["task_settings"]["tokenizer"]
-    length = int(tokenizer["max_length"])
-    encoder = TextEncoder(files[tokenizer["file"]].decode(), max_tokens=length, truncate=True, buckets=(length,))
+    checks the variant, not the server's limits."""
+    tokenizer = settings.tokenizer
+    length = tokenizer.max_length
+    encoder = TextEncoder(files[tokenizer.file].decode(), max_tokens=length, truncate=True, buckets=(length,))
 
     def prepare(inputs: Sequence[Any]) -> list[Any]:
         if inputs and isinstance(inputs[0], tuple):

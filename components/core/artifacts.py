@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from components.core.errors import ParityError
+
+if TYPE_CHECKING:
+    from serving.contracts import TaskSettings
 
 
 class _Record:
@@ -68,6 +71,12 @@ class ExportResult(_Record):
     extra_files: list[str] = field(default_factory=list)
     # True when the reference was degenerate and the user allowed it (the report shows a banner)
     degenerate_reference: bool = False
+
+    def settings(self) -> TaskSettings:
+        """The task section, checked against its task's manifest model (serving.contracts)."""
+        from serving.bundle import check_task_settings
+
+        return check_task_settings(self.task, self.task_settings)
 
     def manifest_fields(self) -> dict[str, Any]:
         """The manifest fields an export determines (everything but variants and files)."""

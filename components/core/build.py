@@ -73,7 +73,7 @@ def pipeline_parameters(spec: BuildSpec) -> dict[str, Any]:
         **export_parameters(
             task=export.task,
             name=export.name,
-            task_options=export.options.given(),
+            task_options=task_options_of(export.task, export.options).given(),
             allow_degenerate_reference=export.allow_degenerate_reference,
         ),
         "thresholds": {precision: dict(values) for precision, values in spec.threshold_overrides.items()},

@@ -439,13 +439,12 @@ def _embed(
         return cache[key]
     started = time.perf_counter()
     manifest = side.manifest
-    fields = manifest.model_dump()
     files = {name: read_verified(side.path, manifest, name) for name in manifest.task_settings.shared_files()}
     model = read_verified(side.path, manifest, variant.file)
     session = create_session(model, plan_for(variant), intra_op_threads=threads)
     task = get_task(manifest.task)
-    payloads = task.probe_prepare(fields, files)(list(texts))
-    run = task.backend(session, fields).run
+    payloads = task.probe_prepare(manifest.task_settings, files)(list(texts))
+    run = task.backend(session, manifest.task_settings, manifest.output_width).run
     size = 1 if variant.precision == "int8" else BATCH
     order = np.argsort([len(p) for p in payloads], kind="stable")  # little padding in each batch
     rows = np.zeros((len(payloads), _width(manifest)), dtype=np.float32)

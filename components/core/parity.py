@@ -96,13 +96,14 @@ def probe_on_this_machine(
     if not probe_path.is_file():
         return {}
     task = get_task(export.task)
-    fields = export.manifest_fields()
+    settings = export.settings()
+    width = int(export.outputs[0]["shape"][-1])
     files = {name: (export_dir / name).read_bytes() for name in export.extra_files}
     session = create_session(model_path, plan, intra_op_threads=1, allow_spinning=False)
     result = check_probe(
         Probe.from_bytes(probe_path.read_bytes()),
-        task.probe_prepare(fields, files),
-        task.backend(session, fields).run,
+        task.probe_prepare(settings, files),
+        task.backend(session, settings, width).run,
         thresholds.as_dict(),
         task.probe_metrics,
         gates=thresholds.gates,

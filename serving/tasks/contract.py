@@ -87,9 +87,10 @@ class ServingTask:
 
     name: str
     open: Callable[[LoadContext], TaskRuntime]
-    # (manifest fields as a dict: tokenizer, preprocessing...; shared files by path) -> prepare
-    probe_prepare: Callable[[dict[str, Any], dict[str, bytes]], Prepare]
-    # (session, manifest fields) -> the backend that runs batches (serving.backend.Backend)
-    backend: Callable[[Any, dict[str, Any]], Any]
+    # (the task's typed manifest section: tokenizer, preprocessing...; shared files by path) -> prepare
+    probe_prepare: Callable[[Any, dict[str, bytes]], Prepare]
+    # (session, the task's manifest section, the output's width) -> the backend that runs
+    # batches (serving.backend.Backend)
+    backend: Callable[[Any, Any, int], Any]
     # (reference rows, candidate rows, probe inputs) -> the gated metrics a probe can measure
     probe_metrics: Callable[[np.ndarray, np.ndarray, Sequence[Any]], dict[str, float]]

@@ -121,7 +121,7 @@ class ImageClassificationRuntime:
         self.max_items = config.max_items
         self.max_image_pixels = config.max_image_pixels
         self.max_batch_pixels = config.max_batch_pixels
-        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.backend = _backend(ctx.session, settings, manifest.output_width)
         self.batching = (
             f"images decoded {self.decode}, batched by size, at most {config.max_batch_pixels / 1e6:g} MP per batch"
         )
@@ -288,15 +288,15 @@ class ImageBackend:
         return self.session.run(None, {"images": images})[0]
 
 
-def _backend(session: Any, fields: dict[str, Any]) -> ImageBackend:
-    return ImageBackend(session, int(fields["outputs"][0]["shape"][-1]))
+def _backend(session: Any, settings: ImageClassificationSettings, width: int) -> ImageBackend:
+    return ImageBackend(session, width)
 
 
-def _probe_prepare(fields: dict[str, Any], files: dict[str, bytes]) -> Prepare:
+def _probe_prepare(settings: ImageClassificationSettings, files: dict[str, bytes]) -> Prepare:
     """Probe files decoded by the server's decoder in the bundle's default decode mode (the
     validate step's check on the build machine)."""
-    preprocessing = fields["task_settings"]["preprocessing"]
-    side = int(preprocessing.get("decode_min_side", 0)) if preprocessing.get("decode") == "reduced" else 0
+    preprocessing = settings.preprocessing
+    side = preprocessing.decode_min_side if preprocessing.decode == "reduced" else 0
     decoder = ImageDecoder(max_pixels=1 << 40, reduce_to=side)
 
     def prepare(images: Sequence[Any]) -> list[Any]:

@@ -121,9 +121,9 @@ class TextClassificationRuntime(TokenizedRuntime):
         self.output_name = manifest.outputs[0].name
         self.output_dim = int(manifest.outputs[0].shape[-1])
         self.labels = settings.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
-        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.backend = _backend(ctx.session, settings, manifest.output_width)
         self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = probe_prepare(manifest.model_dump(), ctx.files)
+        self._probe = probe_prepare(settings, ctx.files)
 
     async def encode(self, texts: list[str], where: str, pairs_with: str | None = None) -> Encoded:
         if len(texts) > self.max_items:
@@ -254,10 +254,9 @@ async def rerank(request: Request) -> Response:
     return json_response(answer.model_dump(exclude_none=True))
 
 
-def _backend(session: Any, fields: dict[str, Any]) -> TextClassifierBackend:
-    tokenizer = fields["task_settings"]["tokenizer"]
-    dim = int(fields["outputs"][0]["shape"][-1])
-    return TextClassifierBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
+def _backend(session: Any, settings: TextClassificationSettings, width: int) -> TextClassifierBackend:
+    tokenizer = settings.tokenizer
+    return TextClassifierBackend(session, tokenizer.model_input_names, tokenizer.pad_token_id, width)
 
 
 def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]) -> dict[str, float]:

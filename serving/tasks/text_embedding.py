@@ -92,9 +92,9 @@ class TextEmbeddingRuntime(TokenizedRuntime):
         self.max_items = config.max_items
         self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
         self.output_dim = int(manifest.outputs[0].shape[-1])
-        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.backend = _backend(ctx.session, settings, manifest.output_width)
         self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = probe_prepare(manifest.model_dump(), ctx.files)
+        self._probe = probe_prepare(settings, ctx.files)
 
     async def encode(self, texts: list[str] | None, ids: list[list[int]] | None, where: str) -> Encoded:
         count = len(texts or ids or [])
@@ -158,10 +158,9 @@ async def embeddings(request: Request) -> Response:
     )
 
 
-def _backend(session: Any, fields: dict[str, Any]) -> TextEmbeddingBackend:
-    tokenizer = fields["task_settings"]["tokenizer"]
-    dim = int(fields["outputs"][0]["shape"][-1])
-    return TextEmbeddingBackend(session, tokenizer["model_input_names"], int(tokenizer["pad_token_id"]), dim)
+def _backend(session: Any, settings: TextEmbeddingSettings, width: int) -> TextEmbeddingBackend:
+    tokenizer = settings.tokenizer
+    return TextEmbeddingBackend(session, tokenizer.model_input_names, tokenizer.pad_token_id, width)
 
 
 TASK = ServingTask(

@@ -145,15 +145,10 @@ class TokenTaggerBackend(TextEmbeddingBackend):
         return out
 
 
-def _backend(session: Any, fields: dict[str, Any]) -> TokenTaggerBackend:
-    settings = fields["task_settings"]
-    tokenizer = settings["tokenizer"]
+def _backend(session: Any, settings: TokenClassificationSettings, width: int) -> TokenTaggerBackend:
+    tokenizer = settings.tokenizer
     return TokenTaggerBackend(
-        session,
-        tokenizer["model_input_names"],
-        int(tokenizer["pad_token_id"]),
-        int(tokenizer["max_length"]),
-        len(settings["labels"]),
+        session, tokenizer.model_input_names, tokenizer.pad_token_id, tokenizer.max_length, len(settings.labels)
     )
 
 
@@ -171,9 +166,9 @@ class TokenClassificationRuntime(TokenizedRuntime):
         tokenizer = settings.tokenizer
         self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
         self.output_dim = len(self.labels)
-        self.backend = _backend(ctx.session, manifest.model_dump())
+        self.backend = _backend(ctx.session, settings, manifest.output_width)
         self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = probe_prepare(manifest.model_dump(), ctx.files)
+        self._probe = probe_prepare(settings, ctx.files)
 
     def _tokenize(self, texts: list[str]) -> tuple[list[Any], Encoded]:
         encodings = self.encoder.tokenizer.encode_batch(list(self.encoder.bound(texts)))

@@ -216,10 +216,14 @@ class _SearchSet:
     @classmethod
     def build(cls, fp32: Path, export: ExportResult, export_dir: Path) -> _SearchSet:
         from components.core.validation_data import retrieval_queries, validation_sentences
+        from serving.contracts import TextSettings
         from serving.text import probe_prepare
 
-        tokenizer = export.task_settings["tokenizer"]["file"]
-        prepare = probe_prepare(export.manifest_fields(), {tokenizer: (export_dir / tokenizer).read_bytes()})
+        settings = export.settings()
+        if not isinstance(settings, TextSettings):
+            raise TypeError(f"the int8 search embeds text; this export is {export.task}")
+        tokenizer = settings.tokenizer.file
+        prepare = probe_prepare(settings, {tokenizer: (export_dir / tokenizer).read_bytes()})
         probe = select_probe(export, export_dir)
         queries = list(dict.fromkeys(t for t in retrieval_queries() if t.strip()))[:SEARCH_QUERIES]
         documents = [t for t in dict.fromkeys(validation_sentences()) if t.strip() and t not in queries]
