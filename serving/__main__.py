@@ -83,9 +83,12 @@ def bind_socket(host: str, port: int, what: str) -> socket.socket:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    started = time.perf_counter()
-    from serving.bundle import BundleError
-    from serving.config import ConfigError, parse_config
+    from serving.startup import Timeline
+
+    timeline = Timeline()
+    with timeline.phase("imports"):
+        from serving.bundle import BundleError
+        from serving.config import ConfigError, parse_config
 
     try:
         config = parse_config(argv)
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(config.log_level, config.log_format)
     try:
-        service = build(config)
+        service = build(config, timeline)
     except (BundleError, ConfigError, OSError) as exc:
         print(f"ortpack-serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -111,25 +114,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-    return serve(service, config, sockets, started)
+    return serve(service, config, sockets, timeline)
 
 
-def build(config: Any) -> Any:
+def build(config: Any, timeline: Any = None) -> Any:
     """Fetch, verify and load the bundle, and begin warming up. A failed start removes what it
-    extracted into the cache; a successful one marks it verified for the next start to reuse."""
-    from serving.metrics import Metrics
-    from serving.service import load_service
-    from serving.sources import fetch
+    extracted into the cache; a successful one marks it verified for the next start to reuse.
+    `timeline` (a serving.startup.Timeline) records the phases."""
+    from serving.startup import Timeline
+
+    timeline = timeline or Timeline()
+    with timeline.phase("imports"):
+        from serving.metrics import Metrics
+        from serving.service import load_service
+        from serving.sources import fetch
 
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
     wait_for_local_bundle(config.bundle, config.bundle_wait_s or (300.0 if os.environ.get(ASYNC_ENV) == "async" else 0))
+    began = timeline.now()
     fetched = fetch(config.bundle, cache)
     try:
         signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded
+        timeline.record("fetch", began)
         # the signature's digests pin manifest.json, and through it every file loaded: a file
         # swapped after the signature check can never be what is served
-        service = load_service(fetched.path, config, Metrics(), signed=signature.digests if signature else None)
+        service = load_service(
+            fetched.path, config, Metrics(), signed=signature.digests if signature else None, timeline=timeline
+        )
     except BaseException:
         fetched.discard()
         raise
@@ -193,7 +205,8 @@ def ready_line(service: Any, config: Any, seconds: float) -> str:
     )
 
 
-def serve(service: Any, config: Any, sockets: list[socket.socket], started: float) -> int:
+def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any) -> int:
+    listen_began = timeline.now()  # the HTTP stack is imported, the app built, the port opened
     import uvicorn
 
     from serving.app import serving_app
@@ -211,7 +224,8 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], started: floa
     )
 
     def on_ready() -> None:
-        log.info("%s", ready_line(service, config, time.perf_counter() - started))
+        log.info("%s", ready_line(service, config, timeline.now()), extra={"fields": {"startup": timeline.as_dict()}})
+        log.debug("start-up phases (s since start): %s", timeline.summary())
 
     def begin_draining() -> None:
         service.draining = True  # readiness 503; inference still served until uvicorn stops
@@ -220,6 +234,10 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], started: floa
 
     class Server(uvicorn.Server):
         drain_at: float | None = None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            timeline.record("listen", listen_began)  # the port listens
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             try:

@@ -38,6 +38,7 @@ from serving.hardware import HardwareInfo, this_machine
 from serving.metrics import Metrics
 from serving.probe import Probe, ProbeResult, check_probe
 from serving.selection import candidate_variants
+from serving.startup import Timeline
 from serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
@@ -62,6 +63,7 @@ class ModelService:
     excluded: dict[str, list[str]] = field(default_factory=dict)  # variant id -> the --require it missed
     ready: bool = False
     draining: bool = False
+    timeline: Timeline = field(default_factory=Timeline)  # the start-up phases
 
     @property
     def backend(self) -> Any:
@@ -105,7 +107,8 @@ class ModelService:
             return
 
         def run() -> None:
-            count, seconds = self.warm_up(config.max_batch_size, config.worker_count)
+            with self.timeline.phase("warm-up"):
+                count, seconds = self.warm_up(config.max_batch_size, config.worker_count)
             log.info("warm-up: %d shapes in %.2f s", count, seconds)
 
         self._warm_up_thread = threading.Thread(target=run, name="ortpack-warmup", daemon=True)
@@ -151,7 +154,12 @@ class NodeCheckError(BundleError):
 
 
 def load_service(
-    bundle_dir: Path, config: ServeConfig, metrics: Metrics, *, signed: dict[str, str] | None = None
+    bundle_dir: Path,
+    config: ServeConfig,
+    metrics: Metrics,
+    *,
+    signed: dict[str, str] | None = None,
+    timeline: Timeline | None = None,
 ) -> ModelService:
     """Verify the bundle, pick the variant, open its session, and re-check its numbers on this
     node with the bundle's probe set: everything before warm-up.
@@ -163,7 +171,10 @@ def load_service(
     an explicitly requested one that misses refuses the start.
 
     `signed` (path -> sha256, from a verified signature) pins manifest.json to the bytes the
-    signature covers; every other file is then pinned through the manifest's own sha256."""
+    signature covers; every other file is then pinned through the manifest's own sha256. `timeline`
+    records the phases (serving/startup.py)."""
+    timeline = timeline or Timeline()
+    began = timeline.now()
     import onnxruntime as ort
 
     if signed is not None and MANIFEST_NAME not in signed:
@@ -178,8 +189,15 @@ def load_service(
     if manifest.probe is not None:
         shared.append(manifest.probe.file)
     first = [candidates[0].file, *shared]
+    timeline.record("manifest", began)
+
+    def verify_others() -> None:
+        with timeline.phase("verify"):
+            verify_bundle(bundle_dir, [f for f in manifest.files if f not in first])
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-verify") as pool:
-        others = pool.submit(verify_bundle, bundle_dir, [f for f in manifest.files if f not in first])
+        others = pool.submit(verify_others)
+        began = timeline.now()
         files = {rel: read_verified(bundle_dir, manifest, rel) for rel in shared}
         probe = Probe.from_bytes(files[manifest.probe.file]) if manifest.probe is not None else None
         rejected: list[ProbeResult] = []
@@ -187,13 +205,15 @@ def load_service(
         for variant in candidates:
             model = read_verified(bundle_dir, manifest, variant.file)
             service, batching = _open(manifest, variant, model, files, config, metrics)
+            timeline.record("session", began)
             del model
             if probe is None:
                 log.warning(
                     "bundle %s has no probe set: variant %s is not re-checked on this node", manifest.name, variant.id
                 )
                 break
-            result = _node_check(service, probe, hardware)
+            with timeline.phase("node check"):
+                result = _node_check(service, probe, hardware)
             metrics.observe_probe(result)
             if result.passed:
                 service.node_check = result
@@ -209,6 +229,7 @@ def load_service(
                 candidates[candidates.index(variant) + 1].id,
             )
             service = None
+            began = timeline.now()
         others.result()  # a tampered file anywhere refuses the start
     if service is None or (service.node_check is None and probe is not None):
         summary = " | ".join(f"{r.variant_id}: {r.summary()}" for r in rejected)
@@ -217,6 +238,7 @@ def load_service(
         )
     service.rejected = rejected
     service.excluded = excluded
+    service.timeline = timeline
     recorded, served = service.variant.space, service.space
     if recorded is not None and served is not None and recorded.id != served.id:
         log.warning(
