@@ -17,6 +17,7 @@ exits 0. A second signal skips what is left of the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +105,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ortpack-serve: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_format)
+    with timeline.phase("imports"):  # what both threads below import, once, before they start
+        import serving.http
+        import serving.service  # noqa: F401
+    # The bundle is verified, loaded and checked on a thread, mostly in hashlib and ONNX Runtime
+    # (which release the GIL), while this one imports the HTTP stack.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-load") as pool:
+        loading = pool.submit(build, config, timeline)
+        with timeline.phase("http imports"):
+            import_http_stack()
     try:
-        service = build(config, timeline)
+        service = loading.result()
     except (BundleError, ConfigError, OSError) as exc:
         print(f"ortpack-serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -115,6 +126,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 3
     return serve(service, config, sockets, timeline)
+
+
+def import_http_stack() -> None:
+    """Import what `serve` runs (uvicorn, its event loop, the app and routes)."""
+    import uvicorn  # noqa: F401
+
+    import serving.app
+    import serving.protocol  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # loop="auto" picks uvloop when it is installed
+        import uvloop  # noqa: F401
 
 
 def build(config: Any, timeline: Any = None) -> Any:
@@ -150,7 +172,7 @@ def build(config: Any, timeline: Any = None) -> Any:
         log.info("bundle: reusing the verified extraction %s", fetched.extraction)
     if signature is None:
         warn_unverified(fetched.path)  # after the load, so a refused start stays one line
-    service.begin_warm_up(config)  # on another thread, while the HTTP stack is imported below
+    service.begin_warm_up(config)  # on another thread, while the app is built and the port opens
     return service
 
 
@@ -206,7 +228,7 @@ def ready_line(service: Any, config: Any, seconds: float) -> str:
 
 
 def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any) -> int:
-    listen_began = timeline.now()  # the HTTP stack is imported, the app built, the port opened
+    listen_began = timeline.now()  # the app built, the port opened
     import uvicorn
 
     from serving.app import serving_app

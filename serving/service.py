@@ -9,7 +9,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +64,8 @@ class ModelService:
     ready: bool = False
     draining: bool = False
     timeline: Timeline = field(default_factory=Timeline)  # the start-up phases
+    # opens the lone backend (a batch that runs alone, on every core): after ready, see `open_lone`
+    lone_opener: Callable[[], Any] | None = None
 
     @property
     def backend(self) -> Any:
@@ -94,11 +96,21 @@ class ModelService:
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
             list(pool.map(self.backend.run, batches))
-        lone = self.batcher.lone_backend
-        if lone is not None:  # on every core already: one shape at a time
-            for batch in batches:
-                lone.run(batch)
         return len(batches), time.perf_counter() - started
+
+    def open_lone(self, max_batch_size: int, warmup: bool = True) -> None:
+        """Open the lone backend, run every warm-up shape on it (on every core already: one at a
+        time), then hand it to the batcher. The server does it after turning ready: until then a
+        batch that runs alone runs on a worker session, as under load."""
+        if self.lone_opener is None:
+            return
+        started = time.perf_counter()
+        lone, self.lone_opener = self.lone_opener(), None
+        if warmup:
+            for batch in self.runtime.warm_up_batches(max_batch_size):
+                lone.run(batch)
+        self.batcher.lone_backend = lone
+        log.info("lone session: opened and warmed up in %.2f s, after ready", time.perf_counter() - started)
 
     def begin_warm_up(self, config: ServeConfig) -> None:
         """Start warming up on a background thread now, so it overlaps the rest of start-up
@@ -125,6 +137,10 @@ class ModelService:
             await asyncio.to_thread(thread.join)
         self.ready = True
         self.metrics.ready.set(1)
+        if self.lone_opener is not None:
+            threading.Thread(
+                target=self.open_lone, args=(config.max_batch_size, config.warmup), name="ortpack-lone", daemon=True
+            ).start()
 
     async def stop(self) -> None:
         self.ready, self.draining = False, True
@@ -132,7 +148,8 @@ class ModelService:
         await self.batcher.stop(drain=True)
 
 
-def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_backend: Any = None) -> Batcher:
+def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone: bool) -> Batcher:
+    """The batcher; with `lone`, its lone backend comes later (`ModelService.open_lone`)."""
     item_cost, max_cost = runtime.item_cost()
     return Batcher(
         runtime.backend,
@@ -144,8 +161,7 @@ def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_b
         item_cost=item_cost,
         max_batch_cost=max_cost,
         max_batch_tokens=config.max_batch_tokens,
-        lone_backend=lone_backend,
-        lone_threads=config.lone_thread_count if lone_backend is not None else 1,
+        lone_threads=config.lone_thread_count if lone else 1,
     )
 
 
@@ -213,7 +229,7 @@ def load_service(
                 )
                 break
             with timeline.phase("node check"):
-                result = _node_check(service, probe, hardware)
+                result = _node_check(service, probe, hardware, config.worker_count)
             metrics.observe_probe(result)
             if result.passed:
                 service.node_check = result
@@ -276,8 +292,9 @@ def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeCo
     return admission.excluded
 
 
-def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> ProbeResult:
-    """The variant's probe check on this node, with its own thresholds from the manifest."""
+def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo, threads: int) -> ProbeResult:
+    """The variant's probe check on this node, with its own thresholds from the manifest, spread
+    over `threads` (the server's model workers: the cores are otherwise idle meanwhile)."""
     return check_probe(
         probe,
         service.runtime.probe_prepare(),
@@ -288,6 +305,7 @@ def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> 
         variant_id=service.variant.id,
         provider=service.backend.session.get_providers()[0],
         hardware=hardware.as_dict(),
+        threads=threads,
     )
 
 
@@ -307,11 +325,15 @@ def _open(
         runtime = task.open(context)
     except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
         raise BundleError(str(exc)) from None
-    lone_backend = None
+    lone_opener: Callable[[], Any] | None = None
     if config.lone_thread_count > max(1, config.intra_op_threads):
-        # The same verified bytes in a second session with every core, for batches that run alone.
-        lone_session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
-        lone_backend = task.backend(lone_session, manifest.model_dump())
+
+        def open_lone() -> Any:
+            """The same verified bytes in a second session with every core, for batches that run alone."""
+            session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
+            return task.backend(session, manifest.model_dump())
+
+        lone_opener = open_lone
         batching = f"{runtime.batching}; a batch alone on {config.lone_thread_count} threads"
     else:
         batching = runtime.batching
@@ -319,12 +341,13 @@ def _open(
         manifest=manifest,
         variant=variant,
         runtime=runtime,
-        batcher=_batcher(runtime, config, metrics, lone_backend),
+        batcher=_batcher(runtime, config, metrics, lone_opener is not None),
         metrics=metrics,
         model_name=config.model_name or manifest.name,
         timeout_s=config.request_timeout_ms / 1000.0,
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
+        lone_opener=lone_opener,
     ), batching
 
 

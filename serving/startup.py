@@ -1,6 +1,7 @@
 """Where `ortpack-serve`'s start-up time goes: when each phase began and ended, in seconds since
 `main` began (the interpreter's own start and `python -m`'s are before that). Phases may overlap
-(the other files are hashed while the model loads; the warm-up runs while the port opens). The
+(the other files are hashed while the model loads; the HTTP stack is imported meanwhile too; the
+warm-up runs while the port opens). The
 ready line's log record carries them (`startup`, with --log-format json; `--log-level debug` adds
 a line), and bench/cold_start.py tables them:
 
@@ -10,8 +11,9 @@ a line), and bench/cold_start.py tables them:
 - `verify`: hashing every file the server does not load (other variants, the report);
 - `session`: reading and hashing the variant, opening its ONNX Runtime session(s);
 - `node check`: replaying the probe set through the variant on this node;
+- `http imports`: importing the HTTP stack (uvicorn, the app, the routes);
 - `warm-up`: running every bucket shape once;
-- `listen`: importing the HTTP stack and building the app, until the port listens.
+- `listen`: building the app, until the port listens.
 """
 
 from __future__ import annotations
