@@ -85,11 +85,10 @@ def bind_socket(host: str, port: int, what: str) -> socket.socket:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from serving.startup import Timeline
+    from serving.startup import Prehash, Timeline
 
     timeline = Timeline()
     with timeline.phase("imports"):
-        from serving.bundle import BundleError
         from serving.config import ConfigError, parse_config
 
     try:
@@ -104,14 +103,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ortpack-serve: error: {exc}", file=sys.stderr)
         return 2
+    # a bundle directory already in place is hashed meanwhile, on the core the imports leave idle
+    local = Path(config.bundle)
+    prehash = Prehash(local) if "://" not in config.bundle and (local / "manifest.json").is_file() else None
     setup_logging(config.log_level, config.log_format)
     with timeline.phase("imports"):  # what both threads below import, once, before they start
         import serving.http
         import serving.service  # noqa: F401
+        from serving.bundle import BundleError
     # The bundle is verified, loaded and checked on a thread, mostly in hashlib and ONNX Runtime
     # (which release the GIL), while this one imports the HTTP stack.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-load") as pool:
-        loading = pool.submit(build, config, timeline)
+        loading = pool.submit(build, config, timeline, prehash)
         with timeline.phase("http imports"):
             import_http_stack()
     try:
@@ -139,10 +142,11 @@ def import_http_stack() -> None:
         import uvloop  # noqa: F401
 
 
-def build(config: Any, timeline: Any = None) -> Any:
+def build(config: Any, timeline: Any = None, prehash: Any = None) -> Any:
     """Fetch, verify and load the bundle, and begin warming up. A failed start removes what it
     extracted into the cache; a successful one marks it verified for the next start to reuse.
-    `timeline` (a serving.startup.Timeline) records the phases."""
+    `timeline` (a serving.startup.Timeline) records the phases; `prehash` (a Prehash of the
+    bundle directory) has hashed its files already."""
     from serving.startup import Timeline
 
     timeline = timeline or Timeline()
@@ -162,7 +166,12 @@ def build(config: Any, timeline: Any = None) -> Any:
         # the signature's digests pin manifest.json, and through it every file loaded: a file
         # swapped after the signature check can never be what is served
         service = load_service(
-            fetched.path, config, Metrics(), signed=signature.digests if signature else None, timeline=timeline
+            fetched.path,
+            config,
+            Metrics(),
+            signed=signature.digests if signature else None,
+            timeline=timeline,
+            known=prehash.known if prehash is not None else None,
         )
     except BaseException:
         fetched.discard()

@@ -176,6 +176,7 @@ def load_service(
     *,
     signed: dict[str, str] | None = None,
     timeline: Timeline | None = None,
+    known: Callable[[Path], str | None] | None = None,
 ) -> ModelService:
     """Verify the bundle, pick the variant, open its session, and re-check its numbers on this
     node with the bundle's probe set: everything before warm-up.
@@ -188,7 +189,7 @@ def load_service(
 
     `signed` (path -> sha256, from a verified signature) pins manifest.json to the bytes the
     signature covers; every other file is then pinned through the manifest's own sha256. `timeline`
-    records the phases (serving/startup.py)."""
+    records the phases; `known`: the digests hashed already (serving/startup.py)."""
     timeline = timeline or Timeline()
     began = timeline.now()
     import onnxruntime as ort
@@ -209,7 +210,7 @@ def load_service(
 
     def verify_others() -> None:
         with timeline.phase("verify"):
-            verify_bundle(bundle_dir, [f for f in manifest.files if f not in first])
+            verify_bundle(bundle_dir, [f for f in manifest.files if f not in first], known)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-verify") as pool:
         others = pool.submit(verify_others)
