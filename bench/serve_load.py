@@ -302,7 +302,9 @@ def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, f
     from serving.metrics import Metrics
     from serving.service import load_service
 
-    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
+    config = ServeConfig(bundle=str(bundle), variant=variant)
+    service = load_service(bundle, config, Metrics())
+    service.open_lone(config.max_batch_size)  # as the server does once ready
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     payloads = service.runtime.encoder.encode(queries).payloads
     engines = {"1 thread": service.backend}

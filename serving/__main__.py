@@ -17,6 +17,7 @@ exits 0. A second signal skips what is left of the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +85,11 @@ def bind_socket(host: str, port: int, what: str) -> socket.socket:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    started = time.perf_counter()
-    from serving.bundle import BundleError
-    from serving.config import ConfigError, parse_config
+    from serving.startup import Prehash, Timeline
+
+    timeline = Timeline()
+    with timeline.phase("imports"):
+        from serving.config import ConfigError, parse_config
 
     try:
         config = parse_config(argv)
@@ -99,9 +103,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ortpack-serve: error: {exc}", file=sys.stderr)
         return 2
+    # a bundle directory already in place is hashed meanwhile, on the core the imports leave idle
+    local = Path(config.bundle)
+    prehash = Prehash(local) if "://" not in config.bundle and (local / "manifest.json").is_file() else None
     setup_logging(config.log_level, config.log_format)
+    with timeline.phase("imports"):  # what both threads below import, once, before they start
+        import serving.http
+        import serving.service  # noqa: F401
+        from serving.bundle import BundleError
+    # The bundle is verified, loaded and checked on a thread, mostly in hashlib and ONNX Runtime
+    # (which release the GIL), while this one imports the HTTP stack.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-load") as pool:
+        loading = pool.submit(build, config, timeline, prehash)
+        with timeline.phase("http imports"):
+            import_http_stack()
     try:
-        service = build(config)
+        service = loading.result()
     except (BundleError, ConfigError, OSError) as exc:
         print(f"ortpack-serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -111,25 +128,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-    return serve(service, config, sockets, started)
+    return serve(service, config, sockets, timeline)
 
 
-def build(config: Any) -> Any:
+def import_http_stack() -> None:
+    """Import what `serve` runs (uvicorn, its event loop, the app and routes)."""
+    import uvicorn  # noqa: F401
+
+    import serving.app
+    import serving.protocol  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # loop="auto" picks uvloop when it is installed
+        import uvloop  # noqa: F401
+
+
+def build(config: Any, timeline: Any = None, prehash: Any = None) -> Any:
     """Fetch, verify and load the bundle, and begin warming up. A failed start removes what it
-    extracted into the cache; a successful one marks it verified for the next start to reuse."""
-    from serving.metrics import Metrics
-    from serving.service import load_service
-    from serving.sources import fetch
+    extracted into the cache; a successful one marks it verified for the next start to reuse.
+    `timeline` (a serving.startup.Timeline) records the phases; `prehash` (a Prehash of the
+    bundle directory) has hashed its files already."""
+    from serving.startup import Timeline
+
+    timeline = timeline or Timeline()
+    with timeline.phase("imports"):
+        from serving.metrics import Metrics
+        from serving.service import load_service
+        from serving.sources import fetch
 
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
     wait_for_local_bundle(config.bundle, config.bundle_wait_s or (300.0 if os.environ.get(ASYNC_ENV) == "async" else 0))
+    began = timeline.now()
     fetched = fetch(config.bundle, cache)
     try:
         signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded
+        timeline.record("fetch", began)
         # the signature's digests pin manifest.json, and through it every file loaded: a file
         # swapped after the signature check can never be what is served
-        service = load_service(fetched.path, config, Metrics(), signed=signature.digests if signature else None)
+        service = load_service(
+            fetched.path,
+            config,
+            Metrics(),
+            signed=signature.digests if signature else None,
+            timeline=timeline,
+            known=prehash.known if prehash is not None else None,
+        )
     except BaseException:
         fetched.discard()
         raise
@@ -138,7 +181,7 @@ def build(config: Any) -> Any:
         log.info("bundle: reusing the verified extraction %s", fetched.extraction)
     if signature is None:
         warn_unverified(fetched.path)  # after the load, so a refused start stays one line
-    service.begin_warm_up(config)  # on another thread, while the HTTP stack is imported below
+    service.begin_warm_up(config)  # on another thread, while the app is built and the port opens
     return service
 
 
@@ -193,7 +236,8 @@ def ready_line(service: Any, config: Any, seconds: float) -> str:
     )
 
 
-def serve(service: Any, config: Any, sockets: list[socket.socket], started: float) -> int:
+def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any) -> int:
+    listen_began = timeline.now()  # the app built, the port opened
     import uvicorn
 
     from serving.app import serving_app
@@ -211,7 +255,8 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], started: floa
     )
 
     def on_ready() -> None:
-        log.info("%s", ready_line(service, config, time.perf_counter() - started))
+        log.info("%s", ready_line(service, config, timeline.now()), extra={"fields": {"startup": timeline.as_dict()}})
+        log.debug("start-up phases (s since start): %s", timeline.summary())
 
     def begin_draining() -> None:
         service.draining = True  # readiness 503; inference still served until uvicorn stops
@@ -220,6 +265,10 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], started: floa
 
     class Server(uvicorn.Server):
         drain_at: float | None = None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            timeline.record("listen", listen_began)  # the port listens
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             try:

@@ -16,7 +16,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -537,9 +537,12 @@ def read_manifest(bundle_dir: Path, trusted_sha256: str | None = None) -> Manife
         raise BundleError(f"invalid {MANIFEST_NAME} in {bundle_dir}: {_first_error(exc)}") from None
 
 
-def verify_bundle(bundle_dir: Path, only: list[str] | None = None) -> Manifest:
+def verify_bundle(
+    bundle_dir: Path, only: list[str] | None = None, known: Callable[[Path], str | None] | None = None
+) -> Manifest:
     """Read the manifest and check every listed file's size and sha256 (or only the files in
-    `only`: a server verifies what it loads, not variants it will never open).
+    `only`: a server verifies what it loads, not variants it will never open). `known` gives a
+    file's sha256 when it was hashed already (serving.startup.Prehash), else None.
 
     Raises `BundleError` naming the first problem: unknown schema version, a file the manifest
     points at but does not list, a missing file, a size or checksum mismatch. Files present but
@@ -560,6 +563,6 @@ def verify_bundle(bundle_dir: Path, only: list[str] | None = None) -> Manifest:
         size = path.stat().st_size
         if size != entry.bytes:
             raise BundleError(f"size mismatch for {rel}: {size} bytes, manifest says {entry.bytes}")
-        if sha256_file(path) != entry.sha256:
+        if ((known(path) if known is not None else None) or sha256_file(path)) != entry.sha256:
             raise BundleError(f"checksum mismatch for {rel}: the file was changed after packaging")
     return manifest

@@ -19,6 +19,7 @@ import io
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,11 +106,15 @@ def run_probe(
     probe: Probe,
     prepare: Callable[[Sequence[Any]], list[Any]],
     run: Callable[[Sequence[Any]], np.ndarray],
+    threads: int = 1,
 ) -> np.ndarray:
     """The variant's output rows for the probe: `prepare` turns inputs into payloads the way the
-    server does (tokenize, decode), `run` is the backend's batch call, used at batch 1."""
+    server does (tokenize, decode), `run` is the backend's batch call, used at batch 1, from
+    `threads` threads at once (the server's workers: each row is what one call alone gives)."""
     payloads = prepare(probe.inputs)
-    return np.concatenate([np.asarray(run([p])) for p in payloads]).astype(np.float32)
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-probe") as pool:
+        rows = list(pool.map(lambda payload: np.asarray(run([payload])), payloads))
+    return np.concatenate(rows).astype(np.float32)
 
 
 def check_probe(
@@ -123,13 +128,15 @@ def check_probe(
     variant_id: str,
     provider: str,
     hardware: dict[str, Any] | None = None,
+    threads: int = 1,
 ) -> ProbeResult:
     """Run the probe and gate its numbers (`metrics`: the task's comparison of reference and
     candidate rows) with the variant's thresholds (`gates`: its task's table), those it can
-    measure: the preprocessing pixel check needs the build's graphs and is not repeated here."""
+    measure: the preprocessing pixel check needs the build's graphs and is not repeated here.
+    `threads`: see `run_probe`."""
     started = time.perf_counter()
     try:
-        outputs = run_probe(probe, prepare, run)
+        outputs = run_probe(probe, prepare, run, threads)
     except Exception as exc:  # noqa: BLE001 - a variant that cannot run here misses, with the reason
         return ProbeResult(
             variant_id=variant_id,

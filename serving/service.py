@@ -9,7 +9,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from serving.hardware import HardwareInfo, this_machine
 from serving.metrics import Metrics
 from serving.probe import Probe, ProbeResult, check_probe
 from serving.selection import candidate_variants
+from serving.startup import Timeline
 from serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
@@ -62,6 +63,9 @@ class ModelService:
     excluded: dict[str, list[str]] = field(default_factory=dict)  # variant id -> the --require it missed
     ready: bool = False
     draining: bool = False
+    timeline: Timeline = field(default_factory=Timeline)  # the start-up phases
+    # opens the lone backend (a batch that runs alone, on every core): after ready, see `open_lone`
+    lone_opener: Callable[[], Any] | None = None
 
     @property
     def backend(self) -> Any:
@@ -92,11 +96,21 @@ class ModelService:
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
             list(pool.map(self.backend.run, batches))
-        lone = self.batcher.lone_backend
-        if lone is not None:  # on every core already: one shape at a time
-            for batch in batches:
-                lone.run(batch)
         return len(batches), time.perf_counter() - started
+
+    def open_lone(self, max_batch_size: int, warmup: bool = True) -> None:
+        """Open the lone backend, run every warm-up shape on it (on every core already: one at a
+        time), then hand it to the batcher. The server does it after turning ready: until then a
+        batch that runs alone runs on a worker session, as under load."""
+        if self.lone_opener is None:
+            return
+        started = time.perf_counter()
+        lone, self.lone_opener = self.lone_opener(), None
+        if warmup:
+            for batch in self.runtime.warm_up_batches(max_batch_size):
+                lone.run(batch)
+        self.batcher.lone_backend = lone
+        log.info("lone session: opened and warmed up in %.2f s, after ready", time.perf_counter() - started)
 
     def begin_warm_up(self, config: ServeConfig) -> None:
         """Start warming up on a background thread now, so it overlaps the rest of start-up
@@ -105,7 +119,8 @@ class ModelService:
             return
 
         def run() -> None:
-            count, seconds = self.warm_up(config.max_batch_size, config.worker_count)
+            with self.timeline.phase("warm-up"):
+                count, seconds = self.warm_up(config.max_batch_size, config.worker_count)
             log.info("warm-up: %d shapes in %.2f s", count, seconds)
 
         self._warm_up_thread = threading.Thread(target=run, name="ortpack-warmup", daemon=True)
@@ -122,6 +137,10 @@ class ModelService:
             await asyncio.to_thread(thread.join)
         self.ready = True
         self.metrics.ready.set(1)
+        if self.lone_opener is not None:
+            threading.Thread(
+                target=self.open_lone, args=(config.max_batch_size, config.warmup), name="ortpack-lone", daemon=True
+            ).start()
 
     async def stop(self) -> None:
         self.ready, self.draining = False, True
@@ -129,7 +148,8 @@ class ModelService:
         await self.batcher.stop(drain=True)
 
 
-def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_backend: Any = None) -> Batcher:
+def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone: bool) -> Batcher:
+    """The batcher; with `lone`, its lone backend comes later (`ModelService.open_lone`)."""
     item_cost, max_cost = runtime.item_cost()
     return Batcher(
         runtime.backend,
@@ -142,8 +162,7 @@ def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone_b
         max_batch_cost=max_cost,
         item_tokens=runtime.item_tokens(),
         max_batch_tokens=config.max_batch_tokens,
-        lone_backend=lone_backend,
-        lone_threads=config.lone_thread_count if lone_backend is not None else 1,
+        lone_threads=config.lone_thread_count if lone else 1,
     )
 
 
@@ -152,7 +171,13 @@ class NodeCheckError(BundleError):
 
 
 def load_service(
-    bundle_dir: Path, config: ServeConfig, metrics: Metrics, *, signed: dict[str, str] | None = None
+    bundle_dir: Path,
+    config: ServeConfig,
+    metrics: Metrics,
+    *,
+    signed: dict[str, str] | None = None,
+    timeline: Timeline | None = None,
+    known: Callable[[Path], str | None] | None = None,
 ) -> ModelService:
     """Verify the bundle, pick the variant, open its session, and re-check its numbers on this
     node with the bundle's probe set: everything before warm-up.
@@ -164,7 +189,10 @@ def load_service(
     an explicitly requested one that misses refuses the start.
 
     `signed` (path -> sha256, from a verified signature) pins manifest.json to the bytes the
-    signature covers; every other file is then pinned through the manifest's own sha256."""
+    signature covers; every other file is then pinned through the manifest's own sha256. `timeline`
+    records the phases; `known`: the digests hashed already (serving/startup.py)."""
+    timeline = timeline or Timeline()
+    began = timeline.now()
     import onnxruntime as ort
 
     if signed is not None and MANIFEST_NAME not in signed:
@@ -179,8 +207,15 @@ def load_service(
     if manifest.probe is not None:
         shared.append(manifest.probe.file)
     first = [candidates[0].file, *shared]
+    timeline.record("manifest", began)
+
+    def verify_others() -> None:
+        with timeline.phase("verify"):
+            verify_bundle(bundle_dir, [f for f in manifest.files if f not in first], known)
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-verify") as pool:
-        others = pool.submit(verify_bundle, bundle_dir, [f for f in manifest.files if f not in first])
+        others = pool.submit(verify_others)
+        began = timeline.now()
         files = {rel: read_verified(bundle_dir, manifest, rel) for rel in shared}
         probe = Probe.from_bytes(files[manifest.probe.file]) if manifest.probe is not None else None
         rejected: list[ProbeResult] = []
@@ -188,13 +223,15 @@ def load_service(
         for variant in candidates:
             model = read_verified(bundle_dir, manifest, variant.file)
             service, batching = _open(manifest, variant, model, files, config, metrics)
+            timeline.record("session", began)
             del model
             if probe is None:
                 log.warning(
                     "bundle %s has no probe set: variant %s is not re-checked on this node", manifest.name, variant.id
                 )
                 break
-            result = _node_check(service, probe, hardware)
+            with timeline.phase("node check"):
+                result = _node_check(service, probe, hardware, config.worker_count)
             metrics.observe_probe(result)
             if result.passed:
                 service.node_check = result
@@ -210,6 +247,7 @@ def load_service(
                 candidates[candidates.index(variant) + 1].id,
             )
             service = None
+            began = timeline.now()
         others.result()  # a tampered file anywhere refuses the start
     if service is None or (service.node_check is None and probe is not None):
         summary = " | ".join(f"{r.variant_id}: {r.summary()}" for r in rejected)
@@ -218,6 +256,7 @@ def load_service(
         )
     service.rejected = rejected
     service.excluded = excluded
+    service.timeline = timeline
     recorded, served = service.variant.space, service.space
     if recorded is not None and served is not None and recorded.id != served.id:
         log.warning(
@@ -255,8 +294,9 @@ def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeCo
     return admission.excluded
 
 
-def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> ProbeResult:
-    """The variant's probe check on this node, with its own thresholds from the manifest."""
+def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo, threads: int) -> ProbeResult:
+    """The variant's probe check on this node, with its own thresholds from the manifest, spread
+    over `threads` (the server's model workers: the cores are otherwise idle meanwhile)."""
     return check_probe(
         probe,
         service.runtime.probe_prepare(),
@@ -267,6 +307,7 @@ def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo) -> 
         variant_id=service.variant.id,
         provider=service.backend.session.get_providers()[0],
         hardware=hardware.as_dict(),
+        threads=threads,
     )
 
 
@@ -286,11 +327,15 @@ def _open(
         runtime = task.open(context)
     except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
         raise BundleError(str(exc)) from None
-    lone_backend = None
+    lone_opener: Callable[[], Any] | None = None
     if config.lone_thread_count > max(1, config.intra_op_threads):
-        # The same verified bytes in a second session with every core, for batches that run alone.
-        lone_session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
-        lone_backend = task.backend(lone_session, manifest.task_settings, manifest.output_width)
+
+        def open_lone() -> Any:
+            """The same verified bytes in a second session with every core, for batches that run alone."""
+            session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
+            return task.backend(session, manifest.task_settings, manifest.output_width)
+
+        lone_opener = open_lone
         batching = f"{runtime.batching}; a batch alone on {config.lone_thread_count} threads"
     else:
         batching = runtime.batching
@@ -298,12 +343,13 @@ def _open(
         manifest=manifest,
         variant=variant,
         runtime=runtime,
-        batcher=_batcher(runtime, config, metrics, lone_backend),
+        batcher=_batcher(runtime, config, metrics, lone_opener is not None),
         metrics=metrics,
         model_name=config.model_name or manifest.name,
         timeout_s=config.request_timeout_ms / 1000.0,
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
+        lone_opener=lone_opener,
     ), batching
 
 

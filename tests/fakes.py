@@ -53,14 +53,16 @@ class InProcess:
 async def in_process(
     bundle: Path, *, backend: Any = None, base_url: str = "http://test", **options: Any
 ) -> AsyncIterator[InProcess]:
-    """The server's app for `bundle` with `options` (ServeConfig fields), started and warmed up;
+    """The server's app for `bundle` with `options` (ServeConfig fields), started and warmed up,
+    its lone session too (the server opens it once ready; here before, so that requests find it);
     `backend(real_backend)` replaces what the batcher runs (the lone path too: it is turned off)."""
     options.setdefault("variant", "cpu-fp32")  # fp32 rows do not depend on the batch (int8's do)
     config = ServeConfig(bundle=str(bundle), **options)
     service = load_service(bundle, config, Metrics())
     if backend is not None:
         service.batcher.backend = backend(service.batcher.backend)
-        service.batcher.lone_backend = None  # every batch goes through the replacement
+        service.lone_opener = None  # every batch goes through the replacement
+    service.open_lone(config.max_batch_size, config.warmup)
     app = serving_app(service, config)
     await service.start(config)
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from serving.bundle import SCHEMA_VERSION, BundleError, read_manifest, verify_bundle, write_bundle
+from serving.startup import Prehash
 from tests.models import minimal_manifest
 
 
@@ -84,6 +85,21 @@ def test_detects_changed_file(bundle: Path) -> None:
     model.write_bytes(bytes(data))
     with pytest.raises(BundleError, match="checksum mismatch for variants/cpu-fp32/model.onnx"):
         verify_bundle(bundle)
+
+
+def test_a_prehashed_bundle_is_checked_as_strictly(bundle: Path) -> None:
+    """The server's start hashes a bundle directory early (serving.startup.Prehash); a file changed
+    after that is hashed again by the check, which still refuses it."""
+    prehash = Prehash(bundle)
+    model = bundle / "variants/cpu-fp32/model.onnx"
+    assert prehash.known(model) == read_manifest(bundle).files["variants/cpu-fp32/model.onnx"].sha256
+    verify_bundle(bundle, known=prehash.known)
+    data = bytearray(model.read_bytes())
+    data[0] ^= 1
+    model.write_bytes(bytes(data))  # same size, new content, a newer modification time
+    assert prehash.known(model) is None
+    with pytest.raises(BundleError, match="checksum mismatch for variants/cpu-fp32/model.onnx"):
+        verify_bundle(bundle, known=prehash.known)
 
 
 def test_detects_truncated_file(bundle: Path) -> None:

@@ -1,0 +1,123 @@
+"""Cold start of ortpack's server: process start to readiness 200, and where the time went.
+
+    python bench/cold_start.py [--bundle dist/all-MiniLM-L6-v2] [--variant cpu-int8] [--runs 3]
+        [--compare-with DIR] [--out bench/results/cold_start.json]
+
+Starts `python -m serving` `--runs` times (the bundle's every check on: sha256 of every file, the
+node probe check, warm-up) and polls /v2/health/ready as bench/serve_load.py does. Each start's
+ready line carries its start-up phases (serving/startup.py: began and ended, seconds since the
+server's `main` began); the table shows the median of each over the runs. `--compare-with DIR`
+adds the server run from DIR's `serving/` (e.g. `git archive REV serving | tar -x -C DIR`), its
+starts interleaved with this tree's. Prints the table, writes `--out` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.serve_load import BEFORE, free_port, server_commands, table, wait_ready, write_results  # noqa: E402
+from components.core.timing import LoadWatch  # noqa: E402
+from serving.hardware import this_machine  # noqa: E402
+
+# serving/startup.py's phases, in the order they usually begin
+PHASES = ("imports", "fetch", "manifest", "verify", "session", "node check", "http imports", "warm-up", "listen")
+
+
+def one_start(name: str, bundle: Path, variant: str, before: Path | None) -> dict[str, Any]:
+    """Start server `name` (bench/serve_load.py's commands), wait for readiness, stop it: the
+    polled cold start and the phases its ready line reports."""
+    port = free_port()
+    command, env = server_commands(bundle, port, variant, before)[name]
+    cwd = Path(env.pop("ORTPACK_CWD", ROOT))
+    command = [*command, "--log-level", "info", "--log-format", "json"]  # the last --log-level counts
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            cold = wait_ready(f"http://127.0.0.1:{port}", proc)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        log.seek(0)
+        records = [json.loads(line) for line in log if line.startswith("{")]
+    (ready,) = [r for r in records if r.get("message", "").startswith("ready:")]
+    return {"cold_start_s": cold, "phases": ready["startup"]}
+
+
+def medians(starts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median cold start, and the median began/ended/seconds of each phase, over the starts."""
+    names = [n for n in PHASES if any(n in s["phases"] for s in starts)]
+    phases = {}
+    for name in names:
+        spans = [s["phases"][name] for s in starts if name in s["phases"]]
+        phases[name] = {
+            "began_s": statistics.median(a for a, _ in spans),
+            "ended_s": statistics.median(b for _, b in spans),
+            "seconds": statistics.median(b - a for a, b in spans),
+        }
+    return {"cold_start_s": statistics.median(s["cold_start_s"] for s in starts), "phases": phases}
+
+
+def phase_table(results: dict[str, Any]) -> str:
+    servers = list(results["servers"])
+    rows = [["phase", *(f"{name}: began-ended, s" for name in servers), *(f"{name}: s" for name in servers)]]
+    names = [n for n in PHASES if any(n in results["servers"][s]["median"]["phases"] for s in servers)]
+    for name in names:
+        spans, seconds = [], []
+        for server in servers:
+            phase = results["servers"][server]["median"]["phases"].get(name)
+            spans.append(f"{phase['began_s']:.2f}-{phase['ended_s']:.2f}" if phase else "-")
+            seconds.append(f"{phase['seconds']:.2f}" if phase else "-")
+        rows.append([name, *spans, *seconds])
+    rows.append(
+        [
+            "**process start to ready (polled)**",
+            *("" for _ in servers),
+            *(f"**{results['servers'][s]['median']['cold_start_s']:.2f}**" for s in servers),
+        ]
+    )
+    return table(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"), help="bundle to serve")
+    parser.add_argument("--variant", default="cpu-int8", help="variant to serve")
+    parser.add_argument("--runs", type=int, default=3, help="starts per server (median reported)")
+    parser.add_argument("--compare-with", type=Path, help="also start the server from DIR's serving/")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_start.json"))
+    args = parser.parse_args()
+
+    names = ([BEFORE] if args.compare_with else []) + ["ortpack"]
+    starts: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    with LoadWatch() as load:
+        for run in range(args.runs):
+            for name in names:  # interleaved: a drift of the machine's load hits both alike
+                starts[name].append(one_start(name, Path(args.bundle), args.variant, args.compare_with))
+                print(f"{name} run {run + 1}: ready in {starts[name][-1]['cold_start_s']:.2f} s", flush=True)
+    results = {
+        "bundle": Path(args.bundle).name,
+        "variant": args.variant,
+        "cpu": this_machine().summary(),
+        "python": platform.python_version(),
+        "load": load.record.as_stats(),
+        "servers": {name: {"median": medians(runs), "runs": runs} for name, runs in starts.items()},
+    }
+    print("\n" + phase_table(results))
+    print(f"\n{args.runs} starts each, median; {this_machine().summary()}; {load.record.describe()}")
+    write_results(args.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
