@@ -37,6 +37,7 @@ from components.optimize import optimize_variant
 from components.package import check_gate, package_bundle, publish_bundle
 from components.source import resolve_source
 from components.validate import validate_variant
+from pipelines.defaults import COMPATIBILITY_BUDGET, GPU_TIMEOUT_S, MODEL_MOUNT
 from serving.contracts import DEFAULT_TASK
 from serving.targets import TARGETS
 
@@ -45,7 +46,6 @@ ALL_TARGETS = tuple(TARGETS)  # serving/targets.py: cpu, cuda
 DEFAULT_TARGETS = ("cpu",)  # cuda is off by default: the committed YAML has no GPU branch
 DEFAULT_PRECISIONS = {name: list(t.default_precisions) for name, t in TARGETS.items()}
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_TIMEOUT_S = 2 * 3600  # activeDeadlineSeconds of the GPU steps' pods
 # The secrets (run-time parameters name them) are mounted as optional volumes: a pod starts
 # without them. One file per key; components/core/sources.py `load_credentials` reads them.
 CREDENTIALS_SECRET = "ortpack-credentials"
@@ -53,8 +53,6 @@ CREDENTIALS_DIR = "/var/run/secrets/ortpack/credentials"  # = components.core.so
 SIGNING_SECRET = "ortpack-signing-key"
 SIGNING_DIR = "/var/run/secrets/ortpack/signing"
 SIGNING_KEY = f"{SIGNING_DIR}/key.pem"
-MODEL_MOUNT = "/mnt/models"  # where --model-pvc mounts its claim
-COMPATIBILITY_BUDGET = 0.95  # = components.core.compat.DEFAULT_BUDGET (not imported here: numpy)
 # (cpu, memory) requests = limits per step, run-time parameters `<step>_cpu` / `<step>_memory`
 RESOURCES = {
     "export": ("2", "8Gi"),

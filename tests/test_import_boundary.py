@@ -32,6 +32,33 @@ def test_cli_and_specs_import_nothing_heavy(module: str) -> None:
     assert _loaded([module], ["torch", "transformers", "onnxruntime", "onnx", "kfp"]) == []
 
 
+_COMMAND = """
+import contextlib, sys
+from pipelines.cli import main
+with contextlib.suppress(SystemExit):
+    print("exit", main({argv!r}), file=sys.stderr)
+print("loaded:" + ",".join(sorted(m for m in {forbidden!r} if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--version"],
+        ["run", "--model", "/no/such/model"],
+        ["submit", "--model", "s3://bucket/model", "--precisions", "int3", "--host", "http://127.0.0.1:9"],
+        ["build", "--model", "/no/such/model", "--out", "/no/such/out"],
+    ],
+)
+def test_cli_refuses_before_importing_kfp_or_an_engine(argv: list[str]) -> None:
+    """A refusal (and --version, --help) answers in well under a second: kfp alone takes ~0.7 s."""
+    code = _COMMAND.format(argv=argv, forbidden=["kfp", "torch", "transformers", "onnxruntime"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "loaded:", done.stdout
+    assert "Traceback" not in done.stderr
+    assert argv == ["--version"] or "exit 2" in done.stderr, done.stderr  # refused: bad input
+
+
 def _import_graph(package: str) -> dict[str, set[str]]:
     """{module: modules of the same package it imports}, counting every import statement in the
     module: at the top, inside functions and under TYPE_CHECKING."""

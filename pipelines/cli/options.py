@@ -264,7 +264,7 @@ def _threshold_names() -> list[str]:
 def add_graph(p: argparse.ArgumentParser) -> None:
     """Options that shape the compiled YAML (`compile` and `submit` share them)."""
     from components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
-    from pipelines.package_model import GPU_TIMEOUT_S, MODEL_MOUNT
+    from pipelines.defaults import GPU_TIMEOUT_S, MODEL_MOUNT
 
     p.add_argument(
         "--component-image",
@@ -297,7 +297,7 @@ def add_graph(p: argparse.ArgumentParser) -> None:
 
 
 def add_baseline(p: argparse.ArgumentParser) -> None:
-    from pipelines.package_model import COMPATIBILITY_BUDGET
+    from pipelines.defaults import COMPATIBILITY_BUDGET
 
     p.add_argument(
         "--baseline-bundle",

@@ -130,10 +130,11 @@ def _print_compatibility(run_dir: Path) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from components.core.errors import InvalidSpecError
     from components.core.report import format_summary
+
+    targets, arguments, name = pipeline_arguments(args, local=True)  # before kfp's import: refusals are quick
     from pipelines.local import load_run_records, run_pipeline_locally
     from pipelines.package_model import make_pipeline
 
-    targets, arguments, name = pipeline_arguments(args, local=True)
     run_id = uuid.uuid4().hex[:12]
     if args.sign_key:
         key = Path(args.sign_key).expanduser()
@@ -225,12 +226,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     import tempfile
 
     from components.core.errors import InvalidSpecError
+
+    targets, arguments, name = pipeline_arguments(args, local=False)  # before kfp's import: refusals are quick
+    options = graph_options(args, targets)
     from pipelines.golden import compile_pipeline, pipeline_parameters
     from pipelines.package_model import PIPELINE_NAME, SIGNING_KEY
     from pipelines.submit import find_bundle, follow_run, pinned_publish_uri, submit_run
 
-    targets, arguments, name = pipeline_arguments(args, local=False)
-    options = graph_options(args, targets)
     arguments.update(credentials_secret=args.secret, signing_secret=args.signing_secret)
     if args.sign:
         arguments["sign_key"] = SIGNING_KEY

@@ -72,7 +72,7 @@ def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, 
     here (a directory, its manifest.json, or a .tar), and is passed by absolute path; a directory
     must hold a text-embedding bundle. `submit` passes a path as is (the package step reads it)."""
     from components.core.errors import InvalidSpecError
-    from pipelines.package_model import COMPATIBILITY_BUDGET
+    from pipelines.defaults import COMPATIBILITY_BUDGET
 
     baseline = (args.baseline_bundle or "").strip()
     if not baseline and (args.require_compatible or args.compatibility_budget is not None):
