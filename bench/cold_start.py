@@ -51,7 +51,7 @@ def one_start(name: str, bundle: Path, variant: str, before: Path | None) -> dic
         log.seek(0)
         records = [json.loads(line) for line in log if line.startswith("{")]
     (ready,) = [r for r in records if r.get("message", "").startswith("ready:")]
-    return {"cold_start_s": cold, "phases": ready["startup"]}
+    return {"cold_start_s": cold, "phases": ready.get("startup", {})}  # code before the timeline: none
 
 
 def medians(starts: list[dict[str, Any]]) -> dict[str, Any]:

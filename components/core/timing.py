@@ -209,6 +209,7 @@ def measure_interleaved(
     max_iters: int = 200,
     budget_s: float = 2.0,
     honour_quick: bool = True,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, dict[str, float]]:
     """Time several engines in alternate rounds (one call each per round, the order rotating, so
     none always follows another), and return per engine its latency stats (see `latency_stats`)
@@ -216,12 +217,13 @@ def measure_interleaved(
 
     Runs at least `min_iters` rounds, then stops at `max_iters` or after `budget_s` per engine.
     `honour_quick=False` for a measurement whose result decides something (the int8 search):
-    ORTPACK_TIMING=quick does not shorten it.
+    ORTPACK_TIMING=quick does not shorten it. `settle_s`: the pause before each call (engines in
+    other processes whose thread pools spin or sleep need longer than SETTLE_S).
     """
     if quick_timing() and honour_quick:
         warmup, min_iters, budget_s = min(warmup, QUICK_WARMUP), min(min_iters, QUICK_ITERS), 0.0
     names = list(timers)
-    settle = SETTLE_S if len(names) > 1 else 0.0
+    settle = settle_s if len(names) > 1 else 0.0
     for name in names:
         for _ in range(warmup):
             timers[name]()
