@@ -38,6 +38,7 @@ from components.core.exporters.text_common import (
     huggingface_source,
     load_checkpoint,
     max_length_for,
+    reference_outputs,
     save_tokenizer_json,
     text_versions,
     token_id_inputs,
@@ -104,20 +105,6 @@ def _load(model_dir: Path, weights: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForSequenceClassification
 
     return load_checkpoint(model_dir, weights, AutoModelForSequenceClassification, "text-classification")
-
-
-@torch.inference_mode()
-def reference_outputs(module: Classifier, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
-    lengths = inputs["lengths"]
-    order = np.argsort(lengths, kind="stable")
-    rows: dict[int, np.ndarray] = {}
-    for start in range(0, len(order), 32):
-        idx = order[start : start + 32]
-        width = int(lengths[idx].max())
-        out = module(*[torch.from_numpy(inputs[n][idx, :width]) for n in names]).float().numpy()
-        for row, i in enumerate(idx):
-            rows[int(i)] = out[row]
-    return np.stack([rows[i] for i in range(len(lengths))]).astype(np.float32)
 
 
 def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:

@@ -24,6 +24,7 @@ from components.core.timing import measure_latency, synthetic_text_batch, text_b
 from serving.contracts import TextOptions
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+REFERENCE_BATCH = 32  # texts per PyTorch call for the reference outputs
 _NO_SEGMENTS = ((0, 0, 0, 0), (0, 0, 0, 0))
 
 
@@ -256,3 +257,19 @@ def text_versions() -> dict[str, str]:
 def token_id_inputs(input_names: tuple[str, ...]) -> list[dict[str, Any]]:
     """The manifest's inputs of a text graph: int64 `[batch, sequence]` each."""
     return [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in input_names]
+
+
+@torch.inference_mode()
+def reference_outputs(module: nn.Module, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
+    """PyTorch's output row of every text (`inputs` as `tokenize_reference` writes them), in
+    length-sorted batches of REFERENCE_BATCH padded per batch, back in the texts' order."""
+    lengths = inputs["lengths"]
+    order = np.argsort(lengths, kind="stable")
+    rows: dict[int, np.ndarray] = {}
+    for start in range(0, len(order), REFERENCE_BATCH):
+        idx = order[start : start + REFERENCE_BATCH]
+        width = int(lengths[idx].max())
+        out = module(*[torch.from_numpy(inputs[name][idx, :width]) for name in names]).float().numpy()
+        for row, i in enumerate(idx):
+            rows[int(i)] = out[row]
+    return np.stack([rows[i] for i in range(len(lengths))]).astype(np.float32)

@@ -39,6 +39,7 @@ from components.core.exporters.text_common import (
     encoder_info,
     export_torchscript,
     huggingface_source,
+    reference_outputs,
     save_tokenizer_json,
     text_versions,
     token_id_inputs,
@@ -53,7 +54,6 @@ from serving.contracts import TextOptions
 log = logging.getLogger("ortpack.export")
 
 OUTPUT_NAME = "sentence_embedding"
-REFERENCE_BATCH = 32
 DYNAMO_MIN_OPSET = 18  # torch.export's ONNX translation targets opset 18 and later
 # Weights a checkpoint may lack without changing the embedding: the pooler is never in the graph.
 _UNUSED_WEIGHT_PREFIXES = ("pooler.",)
@@ -263,24 +263,6 @@ def _max_length(
         return min(int(pooling_config["max_seq_length"]), limit)
     model_max = int(getattr(tokenizer, "model_max_length", limit) or limit)
     return min(model_max, limit)
-
-
-@torch.inference_mode()
-def reference_outputs(
-    module: SentenceEmbedding, inputs: dict[str, np.ndarray], input_names: tuple[str, ...]
-) -> np.ndarray:
-    """PyTorch embeddings of every sentence, in length-sorted batches padded per batch."""
-    lengths = inputs["lengths"]
-    order = np.argsort(lengths, kind="stable")
-    rows: dict[int, np.ndarray] = {}
-    for start in range(0, len(order), REFERENCE_BATCH):
-        idx = order[start : start + REFERENCE_BATCH]
-        width = int(lengths[idx].max())
-        tensors = [torch.from_numpy(inputs[name][idx, :width]) for name in input_names]
-        emb = module(*tensors).float().numpy()
-        for row, i in enumerate(idx):
-            rows[int(i)] = emb[row]
-    return np.stack([rows[i] for i in range(len(lengths))]).astype(np.float32)
 
 
 class _NamedInputs(nn.Module):
