@@ -66,7 +66,17 @@ def int8_macs_per_token(model: bytes) -> int:
     return total
 
 
-def session(model: bytes, plan: Any, threads: int, entries: dict[str, str], level: str, arena: bool) -> Any:
+def session(
+    model: bytes,
+    plan: Any,
+    threads: int,
+    entries: dict[str, str],
+    level: str,
+    arena: bool,
+    fixed: dict[str, int] | None = None,
+) -> Any:
+    """One session of `model` with these options; `fixed` pins named dynamic dimensions (ONNX
+    Runtime's free-dimension overrides)."""
     import onnxruntime as ort
 
     from serving.runtime import DISABLED_OPTIMIZERS
@@ -82,6 +92,8 @@ def session(model: bytes, plan: Any, threads: int, entries: dict[str, str], leve
     options.enable_cpu_mem_arena = arena
     for key, value in entries.items():
         options.add_session_config_entry(key, value)
+    for dim, size in (fixed or {}).items():
+        options.add_free_dimension_override_by_name(dim, size)
     return ort.InferenceSession(model, options, providers=plan.providers, disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
@@ -94,29 +106,15 @@ def fixed_shapes(model: bytes, plan: Any, calls: int) -> list[dict[str, Any]]:
     left dynamic, against one with both pinned to the shape (ONNX Runtime's free-dimension
     overrides: what a per-bucket session with fixed shapes would run); p50 ms of the same inputs
     in alternate calls."""
-    import onnxruntime as ort
-
-    from serving.runtime import DISABLED_OPTIMIZERS
-
-    dynamic = session(model, plan, 1, {"session.intra_op.allow_spinning": "0"}, "plan", True)
+    worker = {"session.intra_op.allow_spinning": "0"}  # as served: one thread, no spinning
+    dynamic = session(model, plan, 1, worker, "plan", True)
     inputs = dynamic.get_inputs()
     dims = {d for i in inputs for d in i.shape if isinstance(d, str)}
     batch_dim, seq_dim = inputs[0].shape[0], inputs[0].shape[1]
     rows = []
     rng = np.random.default_rng(0)
     for batch, tokens in FIXED_SHAPES:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if plan.online_optimization
-            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        )
-        options.intra_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_free_dimension_override_by_name(batch_dim, batch)
-        options.add_free_dimension_override_by_name(seq_dim, tokens)
-        fixed = ort.InferenceSession(model, options, providers=plan.providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+        fixed = session(model, plan, 1, worker, "plan", True, fixed={batch_dim: batch, seq_dim: tokens})
         feed = {
             i.name: (
                 rng.integers(1000, 2000, (batch, tokens)) if "input_ids" in i.name else np.ones((batch, tokens))
