@@ -101,7 +101,7 @@ serve-lock:
 		| sort -f; } > serving/requirements.lock.new && mv serving/requirements.lock.new serving/requirements.lock
 
 golden: $(STAMP)
-	$(PY) -m pipelines.golden
+	$(PY) -m ortpack.pipelines.golden
 	$(PY) -m tests.openapi_golden
 
 # The serving image (Dockerfile.serve) and the component image (Dockerfile.component), tagged

@@ -27,8 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.serve_load import BEFORE, free_port, server_commands, table, wait_ready, write_results  # noqa: E402
-from components.core.timing import LoadWatch  # noqa: E402
-from serving.hardware import this_machine  # noqa: E402
+from ortpack.components.core.timing import LoadWatch  # noqa: E402
+from ortpack.kernel.hardware import this_machine  # noqa: E402
 
 # serving/startup.py's phases, in the order they usually begin
 PHASES = ("imports", "fetch", "manifest", "verify", "session", "node check", "http imports", "warm-up", "listen")

@@ -42,7 +42,7 @@ REFUSED = ("t5", "bart", "gpt2", "made_up_encoder")
 
 def _load_stats(measurements: Any) -> dict[str, float]:
     """`load_*` of the most loaded of these measurements (timing.LoadRecord); {} if none recorded."""
-    from components.core.timing import load_of
+    from ortpack.components.core.timing import load_of
 
     load = load_of(measurements)
     return load.as_stats() if load else {}
@@ -50,13 +50,13 @@ def _load_stats(measurements: Any) -> dict[str, float]:
 
 def build_family(model_dir: Path, name: str, work: Path, budget: float) -> dict[str, Any]:
     """Export `model_dir`, then build, validate and benchmark cpu fp32 and int8; one record."""
-    from components.core.artifacts import ExportResult
-    from components.core.benchmark import benchmark_variant
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.benchmark import benchmark_variant
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
 
     row: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -117,7 +117,7 @@ def survey(families: list[str], work_root: Path, budget: float) -> dict[str, dic
     for the run, as the exporter and optimize step read it); one row per family and pair."""
     import dataclasses
 
-    from components.core.exporters import families as table
+    from ortpack.components.core.exporters import families as table
     from tests.models import make_tiny_encoder
 
     rows: dict[str, dict[str, Any]] = {}
@@ -142,9 +142,9 @@ def survey(families: list[str], work_root: Path, budget: float) -> dict[str, dic
 
 def refusal(model_type: str, work: Path) -> dict[str, Any]:
     """What the exporter says about a checkpoint of an unsupported model_type (config only)."""
-    from components.core.errors import OrtpackError
-    from components.core.export import export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.errors import OrtpackError
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.specs import ExportSpec
 
     model_dir = work / model_type
     model_dir.mkdir(parents=True)
@@ -177,7 +177,7 @@ def _fmt_latency(v: dict[str, Any]) -> str:
 
 
 def markdown(rows: dict[str, dict[str, Any]]) -> str:
-    from components.core.report import format_fusions
+    from ortpack.components.core.report import format_fusions
 
     lines = [
         "| model_type | builds | exporter | nodes raw → fp32 | fuser | fusions (fp32) | fp32 gate: max diff / min cos "
@@ -208,8 +208,8 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
 def survey_markdown(rows: dict[str, dict[str, Any]]) -> str:
     """One row per family and pair: what fused, the gates, fp32 and int8 p50 at both shapes, and
     whether families.py now uses the pair (the survey is how it was chosen)."""
-    from components.core.exporters.families import FAMILIES
-    from components.core.report import format_fusions
+    from ortpack.components.core.exporters.families import FAMILIES
+    from ortpack.components.core.report import format_fusions
 
     lines = [
         "| family: exporter + fuser | used now | nodes raw → fp32 | fusions (fp32) | fp32 / int8 gate "
@@ -243,7 +243,7 @@ def survey_markdown(rows: dict[str, dict[str, Any]]) -> str:
 def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from components.core.exporters.families import supported_model_types
+    from ortpack.components.core.exporters.families import supported_model_types
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default=",".join(supported_model_types()), help="model_types to build")
@@ -253,7 +253,7 @@ def main() -> int:
     parser.add_argument("--survey", action="store_true", help="every exporter + fuser pair at MiniLM's size")
     args = parser.parse_args()
     if args.survey and "--families" not in sys.argv:
-        from components.core.exporters.families import FAMILIES
+        from ortpack.components.core.exporters.families import FAMILIES
 
         args.families = ",".join(n for n, f in sorted(FAMILIES.items()) if (f.exporter, f.fuser) != SURVEY_PAIRS[0])
     args.out = args.out or str(ROOT / "bench" / "results" / ("family_survey" if args.survey else "coverage"))
@@ -288,7 +288,7 @@ def main() -> int:
     import torch
     import transformers
 
-    from serving.hardware import this_machine
+    from ortpack.kernel.hardware import this_machine
 
     hardware = this_machine()
     out = Path(args.out)

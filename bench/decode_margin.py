@@ -2,7 +2,7 @@
 
     python bench/decode_margin.py [--weights FILE] [--images 200] [--margins 1.5,1.75,1.875,2]
 
-Reduced decoding (serving/images.py) asks libjpeg for the smallest DCT scale (1/2, 1/4, 1/8)
+Reduced decoding (kernel/images.py) asks libjpeg for the smallest DCT scale (1/2, 1/4, 1/8)
 that keeps the shorter side at least `margin x resize_size`; the graph then resizes that. For
 each margin this generates `--images` photo-like JPEGs (the validation set's contents: gradients,
 shapes, text, zone plates; qualities 70-95; chroma 4:2:0, 4:2:2, 4:4:4; 4:3, 3:2 and 16:9, both
@@ -35,17 +35,17 @@ DECISIVE = 0.02  # reference top-1 ahead of the second by at least this: not a t
 def measure(weights: Path, margins: list[float], images: int) -> dict[str, Any]:
     import torch
 
-    from components.core.exporters.image_classification import (
+    from ortpack.components.core.exporters.image_classification import (
         Classifier,
         classify_pixels,
         load_network,
         preprocessing_spec,
         reference_decode,
     )
-    from components.core.specs import ExportSpec
-    from components.core.validation_data import EncodedImageSpec, encode_validation_image
-    from serving.gates import topk_overlap
-    from serving.images import ImageDecoder
+    from ortpack.components.core.specs import ExportSpec
+    from ortpack.components.core.validation_data import EncodedImageSpec, encode_validation_image
+    from ortpack.kernel.gates import topk_overlap
+    from ortpack.kernel.images import ImageDecoder
 
     torch.set_num_threads(1)
     spec = ExportSpec(

@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from components.core.timing import LoadWatch  # noqa: E402
+from ortpack.components.core.timing import LoadWatch  # noqa: E402
 
 QUERIES = ROOT / "components" / "core" / "data" / "retrieval_queries.jsonl"
 INT8_PRODUCTS = {"QAttention", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger"}
@@ -79,7 +79,7 @@ def session(
     Runtime's free-dimension overrides)."""
     import onnxruntime as ort
 
-    from serving.runtime import DISABLED_OPTIMIZERS
+    from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -203,12 +203,12 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine_options.json"))
     args = parser.parse_args()
 
-    from serving.bundle import read_manifest, read_verified
-    from serving.contracts import TextSettings
-    from serving.hardware import this_machine
-    from serving.runtime import plan_for
-    from serving.tasks import get_task
-    from serving.text import TextEncoder
+    from ortpack.kernel.bundle import read_manifest, read_verified
+    from ortpack.kernel.contracts import TextSettings
+    from ortpack.kernel.hardware import this_machine
+    from ortpack.kernel.runtime import plan_for
+    from ortpack.serving.tasks import get_task
+    from ortpack.serving.text import TextEncoder
 
     bundle = Path(args.bundle)
     manifest = read_manifest(bundle)

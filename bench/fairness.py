@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.serve_load import QUERIES, free_port, started_server  # noqa: E402
-from components.core.timing import LoadWatch  # noqa: E402
+from ortpack.components.core.timing import LoadWatch  # noqa: E402
 
 BIG_ITEMS = 300
 TEXT_BYTES = 4096

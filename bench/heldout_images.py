@@ -6,7 +6,7 @@
 Every variant runs the served path (the server's decoder, exact and, where the bundle allows it,
 reduced, then the graph at batch 1) on each photo; PyTorch runs the model on Pillow's full decode
 with torchvision's transforms (the same reference the gate uses). Prints top-1, top-5 and decisive
-top-1 agreement per variant and decode mode (serving/gates.py), writes bench/results/heldout_images.json.
+top-1 agreement per variant and decode mode (kernel/gates.py), writes bench/results/heldout_images.json.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ def heldout_agreement(bundle: Path, photos: Path, model: str, weights: str | Non
     """{variant: {decode mode: metrics}} on the photos in `photos`."""
     import torch
 
-    from components.core.exporters.image_classification import Classifier, classify_pixels, reference_decode
-    from components.core.exporters.image_models import load_image_network, parse_image_source
-    from components.core.validation_data import read_image_files
-    from serving.bundle import verify_bundle
-    from serving.gates import probability_metrics
-    from serving.images import ImageDecoder
-    from serving.runtime import create_session, plan_for
+    from ortpack.components.core.exporters.image_classification import Classifier, classify_pixels, reference_decode
+    from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
+    from ortpack.components.core.validation_data import read_image_files
+    from ortpack.kernel.bundle import verify_bundle
+    from ortpack.kernel.gates import probability_metrics
+    from ortpack.kernel.images import ImageDecoder
+    from ortpack.kernel.runtime import create_session, plan_for
 
     manifest = verify_bundle(bundle)
     assert manifest.task_settings.preprocessing is not None
@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--weights")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heldout_images.json"))
     args = parser.parse_args()
-    from serving.hardware import this_machine
+    from ortpack.kernel.hardware import this_machine
 
     result = heldout_agreement(Path(args.bundle), Path(args.photos), args.model, args.weights)
     print(f"{result['photos']} held-out photos ({this_machine().summary()})")

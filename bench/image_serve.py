@@ -48,7 +48,7 @@ from bench.serve_load import (  # noqa: E402
     table,
     write_results,
 )
-from components.core.timing import LoadWatch  # noqa: E402
+from ortpack.components.core.timing import LoadWatch  # noqa: E402
 
 CONCURRENCY = (1, 8, 50)
 FILE_LUA = ROOT / "bench" / "wrk" / "post_file.lua"
@@ -61,7 +61,7 @@ def make_jpeg() -> bytes:
     highest quality that fits."""
     from PIL import Image
 
-    from components.core.validation_data import EncodedImageSpec, render_content
+    from ortpack.components.core.validation_data import EncodedImageSpec, render_content
 
     image = Image.fromarray(
         render_content(EncodedImageSpec(width=WIDTH, height=HEIGHT, content="photo", format="JPEG", seed=42))
@@ -86,7 +86,7 @@ def ensure_bundle(bundle: Path, weights: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "pipelines.cli",
+                "ortpack.pipelines.cli",
                 "build",
                 "--model",
                 "mobilenet_v3_small",
@@ -142,7 +142,7 @@ def graph_split(model: Path, variant: Any, image: Any, runs: int = 30) -> dict[s
     Runtime's profile of a session loaded as the server loads it (one thread, its online level)."""
     import onnxruntime as ort
 
-    from serving.runtime import plan_for
+    from ortpack.kernel.runtime import plan_for
 
     plan = plan_for(variant)
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,12 +174,12 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
     import onnxruntime as ort
     import orjson
 
-    from serving.backend import load_session
-    from serving.bundle import read_manifest
-    from serving.hardware import this_machine
-    from serving.images import ImageDecoder, decode_base64
-    from serving.selection import choose_variant
-    from serving.tasks.image_classification import choose_decoder
+    from ortpack.kernel.backend import load_session
+    from ortpack.kernel.bundle import read_manifest
+    from ortpack.kernel.hardware import this_machine
+    from ortpack.kernel.images import ImageDecoder, decode_base64
+    from ortpack.kernel.selection import choose_variant
+    from ortpack.serving.tasks.image_classification import choose_decoder
 
     manifest = read_manifest(bundle)
     variant = choose_variant(manifest, "auto", ort.get_available_providers(), this_machine())

@@ -131,9 +131,9 @@ def main() -> int:
     parser.add_argument("--skip-component", action="store_true", help="do not size the component image (~2 min)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "images.json"))
     args = parser.parse_args()
-    from components.core.timing import LoadWatch
-    from serving import __version__
-    from serving.hardware import this_machine
+    from ortpack import __version__
+    from ortpack.components.core.timing import LoadWatch
+    from ortpack.kernel.hardware import this_machine
 
     bundle = Path(args.bundle)
     serve, component = f"{args.repo}/ortpack-serve:{__version__}", f"{args.repo}/ortpack-component:{__version__}"

@@ -51,9 +51,9 @@ def torch_engine(model: str, input_names: list[str], vocab_size: int) -> tuple[d
     import torch
     from transformers import AutoModel
 
-    from components.core.exporters.text_embedding import Pooling, SentenceEmbedding, read_pooling_config
-    from components.core.tasks import resolve_model_source
-    from components.core.timing import synthetic_text_batch
+    from ortpack.components.core.exporters.text_embedding import Pooling, SentenceEmbedding, read_pooling_config
+    from ortpack.components.core.tasks import resolve_model_source
+    from ortpack.components.core.timing import synthetic_text_batch
 
     source, _ = resolve_model_source(model, "text-embedding")
     pooling = read_pooling_config(Path(source))
@@ -70,9 +70,9 @@ def variant_engine(
     bundle: str, variant_id: str, input_names: list[str], vocab_size: int
 ) -> tuple[dict[str, Callable[[], object]], dict]:
     """Per shape, one call of the variant's ORT session (loaded as the server loads it)."""
-    from components.core.timing import synthetic_text_batch
-    from serving.bundle import read_manifest
-    from serving.runtime import create_session, plan_for
+    from ortpack.components.core.timing import synthetic_text_batch
+    from ortpack.kernel.bundle import read_manifest
+    from ortpack.kernel.runtime import create_session, plan_for
 
     manifest = read_manifest(Path(bundle))
     variant = manifest.variant(variant_id)
@@ -86,7 +86,7 @@ def variant_engine(
 
 def serve_worker(calls: dict[str, Callable[[], object]], about: dict, requests: IO[str], replies: IO[str]) -> None:
     """Answer `call <shape>` with that call's milliseconds, and `done` with the engine's facts."""
-    from components.core.timing import timed
+    from ortpack.components.core.timing import timed
 
     timers = {key: timed(call) for key, call in calls.items()}
     print("ready", file=replies, flush=True)
@@ -133,7 +133,7 @@ class Worker:
 
 def measure(workers: dict[str, Worker], budget: float) -> dict[str, dict[str, Any]]:
     """Per engine, per shape: its latency stats and the load of that shape's rounds; then its facts."""
-    from components.core.timing import measure_interleaved
+    from ortpack.components.core.timing import measure_interleaved
 
     engines: dict[str, dict[str, Any]] = {name: {"shapes": {}} for name in workers}
     for key in SHAPES:
@@ -148,7 +148,7 @@ def measure(workers: dict[str, Worker], budget: float) -> dict[str, dict[str, An
 
 
 def print_table(name: str, engines: dict[str, dict[str, Any]]) -> None:
-    from components.core.timing import load_of
+    from ortpack.components.core.timing import load_of
 
     base = engines["pytorch"]["shapes"]
     rows = [("engine", *(f"{k} p50 / p95 ms" for k in SHAPES), *(f"{k} vs torch" for k in SHAPES), "peak RSS MB")]
@@ -203,7 +203,7 @@ def main() -> int:
         serve_worker(calls, about, sys.stdin, replies)
         return 0
 
-    from serving.bundle import verify_bundle
+    from ortpack.kernel.bundle import verify_bundle
 
     manifest = verify_bundle(Path(args.bundle))
     assert manifest.task_settings.tokenizer is not None, "bench/model_latency.py measures text bundles"

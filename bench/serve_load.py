@@ -47,7 +47,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from components.core.timing import LoadRecord, LoadWatch  # noqa: E402
+from ortpack.components.core.timing import LoadRecord, LoadWatch  # noqa: E402
 
 LUA = ROOT / "bench" / "wrk" / "post_bodies.lua"
 QUERIES = ROOT / "components" / "core" / "data" / "retrieval_queries.jsonl"  # the shipped queries
@@ -298,9 +298,9 @@ def bench_server(
 def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, float]:
     """The engine bound at concurrency 1: p50 ms of one sentence, batch 1, called directly, on a
     one-thread worker session and on the lone session (every core), in alternate calls."""
-    from serving.config import ServeConfig
-    from serving.metrics import Metrics
-    from serving.service import load_service
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import load_service
 
     config = ServeConfig(bundle=str(bundle), variant=variant)
     service = load_service(bundle, config, Metrics())
@@ -324,9 +324,9 @@ def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, f
 def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str, float]:
     """The served variant called directly (no HTTP, no queue): two callers x one thread, the
     configuration the server runs under load, at batch 1 and 8; sentences per second."""
-    from serving.config import ServeConfig
-    from serving.metrics import Metrics
-    from serving.service import load_service
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import load_service
 
     service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
@@ -370,10 +370,10 @@ def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, flo
     import numpy as np
     import orjson
 
-    from serving.batcher import Batcher
-    from serving.config import ServeConfig
-    from serving.metrics import Metrics
-    from serving.service import load_service
+    from ortpack.serving.batcher import Batcher
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import load_service
 
     service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
@@ -467,7 +467,7 @@ def write_results(path: str, results: dict[str, Any]) -> None:
 def stage_table(servers: list[dict[str, Any]]) -> str:
     """Mean ms per stage of ortpack's answered requests in each run, and the share of the
     server-side total that is not the model."""
-    from serving.stages import STAGES
+    from ortpack.serving.stages import STAGES
 
     rows = [["server", "workload", "conc.", *STAGES, "not model", "client mean"]]
     for server in servers:
@@ -491,9 +491,9 @@ def int8_peak_share(bundle: Path, variant: str) -> dict[str, float]:
     import numpy as np
 
     from bench.engine_options import int8_macs_per_token, int8_peak
-    from serving.bundle import read_manifest, read_verified
-    from serving.contracts import TextSettings
-    from serving.text import TextEncoder
+    from ortpack.kernel.bundle import read_manifest, read_verified
+    from ortpack.kernel.contracts import TextSettings
+    from ortpack.serving.text import TextEncoder
 
     manifest = read_manifest(bundle)
     model = read_verified(bundle, manifest, manifest.variant(variant).file)
@@ -563,8 +563,8 @@ def main() -> int:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: run `make bench-serve` (it installs wrk) or apt-get install wrk")
-    from serving.bundle import verify_bundle
-    from serving.hardware import this_machine
+    from ortpack.kernel.bundle import verify_bundle
+    from ortpack.kernel.hardware import this_machine
 
     bundle = Path(args.bundle)
     manifest = verify_bundle(bundle)

@@ -1,1 +1,1 @@
-"""ortpack components: the KFP component wrappers and, in `components.core`, the library they call."""
+"""ortpack components: the KFP component wrappers and, in `ortpack.components.core`, the library they call."""

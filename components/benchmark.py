@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components.images import COMPONENT_IMAGE
+from ortpack.components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -32,8 +32,8 @@ def benchmark_variant(
     """
     from pathlib import Path
 
-    from components.core.build import run_benchmark_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_benchmark_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     out = run_benchmark_step(Path(exported.path), Path(variant.path), Path(report.path), Path(measured.path))

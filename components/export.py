@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Metrics, Model, Output
 
-from components.images import COMPONENT_IMAGE
+from ortpack.components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -24,10 +24,10 @@ def export_model(
         model_uri: s3://, minio://, gs://, http(s):// (a tar), hf://ORG/NAME@REVISION, a path in
             the image or on a mounted volume, or a bundled model name (all-MiniLM-L6-v2).
         source_versions: The resolve step's pins (the content each source held when the run started).
-        task: The task, e.g. text-embedding or image-classification (each is serving/contracts/<task>.py).
+        task: The task, e.g. text-embedding or image-classification (each is kernel/contracts/<task>.py).
         name: The bundle name; empty for the model's own name.
         task_options: The task's options ({} for its defaults; each task's are its contract's,
-            serving/contracts/<task>.py): text tasks max_length; image models weights and labels
+            kernel/contracts/<task>.py): text tasks max_length; image models weights and labels
             (a path or URI), resize_size, crop_size, mean, std, validation_images and
             calibration_images (directories of photos, as the step sees them).
         exported: Directory with model.onnx, reference.npz, export.json and the tokenizer.
@@ -37,8 +37,8 @@ def export_model(
     """
     from pathlib import Path
 
-    from components.core.build import run_export_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_export_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     params = {

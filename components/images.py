@@ -15,7 +15,7 @@ onnxruntime does (a test checks ORT_VERSION against the installed onnxruntime).
 
 import re
 
-from serving import __version__
+from ortpack import __version__
 
 COMPONENT_IMAGE = f"ghcr.io/ortpack/ortpack-component:{__version__}"
 GPU_COMPONENT_IMAGE = f"ghcr.io/ortpack/ortpack-component:{__version__}-gpu"

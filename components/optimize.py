@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Input, Metrics, Model, Output
 
-from components.images import COMPONENT_IMAGE
+from ortpack.components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -32,8 +32,8 @@ def optimize_variant(
     """
     from pathlib import Path
 
-    from components.core.build import run_optimize_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_optimize_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     out = run_optimize_step(

@@ -4,7 +4,7 @@ the run when none passed; publishing the bundle."""
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
-from components.images import COMPONENT_IMAGE
+from ortpack.components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -55,8 +55,8 @@ def package_bundle(
     """
     from pathlib import Path
 
-    from components.core.build import run_package_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_package_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     out = run_package_step(
@@ -94,8 +94,8 @@ def check_gate(verdict: Input[Dataset]) -> str:
     """
     from pathlib import Path
 
-    from components.core.build import run_gate_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_gate_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     return run_gate_step(Path(verdict.path))
@@ -115,8 +115,8 @@ def publish_bundle(bundle: Input[Model], publish_to: str) -> str:
     """
     from pathlib import Path
 
-    from components.core.build import run_publish_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_publish_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     pinned = run_publish_step(Path(bundle.path), publish_to)

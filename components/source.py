@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components.images import COMPONENT_IMAGE
+from ortpack.components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -20,9 +20,9 @@ def resolve_source(model_uri: str, task: str, task_options: dict) -> str:
     Returns:
         `model=...;weights=...;labels=...`, the export step's pins.
     """
-    from components.core.logs import log_to_stdout
-    from components.core.sources import resolve_source_versions
-    from serving.contracts import get_contract
+    from ortpack.components.core.logs import log_to_stdout
+    from ortpack.components.core.sources import resolve_source_versions
+    from ortpack.kernel.contracts import get_contract
 
     log_to_stdout()
     files = {key: str(task_options.get(key) or "") for key in get_contract(task).options.FILES}

@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components.images import COMPONENT_IMAGE
+from ortpack.components.images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)
@@ -41,8 +41,8 @@ def validate_variant(
     """
     from pathlib import Path
 
-    from components.core.build import run_validate_step
-    from components.core.logs import log_to_stdout
+    from ortpack.components.core.build import run_validate_step
+    from ortpack.components.core.logs import log_to_stdout
 
     log_to_stdout()
     out = run_validate_step(

@@ -24,7 +24,7 @@ IMAGE_REPO=${IMAGE_REPO:-ghcr.io/ortpack}
 FLAVOUR=${FLAVOUR:-cpu}
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 PUBLIC_BASE=python:3.11.11-slim-bookworm
-version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' serving/__init__.py)
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' ortpack/__init__.py)
 suffix=$([ "$FLAVOUR" = gpu ] && echo -gpu || true)
 which=("$@")
 [ ${#which[@]} -gt 0 ] || which=(serve component)

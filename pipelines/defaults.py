@@ -3,4 +3,4 @@ every `ortpack` command builds its parser with them, and none should pay kfp's i
 
 GPU_TIMEOUT_S = 2 * 3600  # activeDeadlineSeconds of the GPU steps' pods
 MODEL_MOUNT = "/mnt/models"  # where --model-pvc mounts its claim
-COMPATIBILITY_BUDGET = 0.95  # = components.core.compat.DEFAULT_BUDGET (not imported here: numpy)
+COMPATIBILITY_BUDGET = 0.95  # = ortpack.components.core.compat.DEFAULT_BUDGET (not imported here: numpy)

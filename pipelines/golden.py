@@ -1,5 +1,5 @@
 """Compile the pipeline, and regenerate the golden files that guard its interface:
-`python -m pipelines.golden` (`make golden`).
+`python -m ortpack.pipelines.golden` (`make golden`).
 
 - `pipelines/package_model.yaml`: the compiled pipeline with the default graph options (the cpu
   target only: cuda is off by default; CI checks that compiling gives these exact bytes);
@@ -27,20 +27,20 @@ class GraphOptions:
     """What shapes the compiled YAML (everything else is a run-time parameter)."""
 
     targets: tuple[str, ...] = ("cpu",)
-    image: str | None = None  # None: components.images.COMPONENT_IMAGE
-    gpu_image: str | None = None  # None: components.images.GPU_COMPONENT_IMAGE
+    image: str | None = None  # None: ortpack.components.images.COMPONENT_IMAGE
+    gpu_image: str | None = None  # None: ortpack.components.images.GPU_COMPONENT_IMAGE
     model_pvc: str | None = None
-    gpu_timeout_s: int = 2 * 3600  # pipelines.package_model.GPU_TIMEOUT_S
+    gpu_timeout_s: int = 2 * 3600  # ortpack.pipelines.package_model.GPU_TIMEOUT_S
     cache: bool = True  # False: no step is served from cache (--no-cache)
 
 
 def component_io() -> dict[str, Any]:
-    from components.benchmark import benchmark_variant
-    from components.export import export_model
-    from components.optimize import optimize_variant
-    from components.package import check_gate, package_bundle, publish_bundle
-    from components.source import resolve_source
-    from components.validate import validate_variant
+    from ortpack.components.benchmark import benchmark_variant
+    from ortpack.components.export import export_model
+    from ortpack.components.optimize import optimize_variant
+    from ortpack.components.package import check_gate, package_bundle, publish_bundle
+    from ortpack.components.source import resolve_source
+    from ortpack.components.validate import validate_variant
 
     out: dict[str, Any] = {}
     components = (
@@ -67,7 +67,7 @@ def component_io() -> dict[str, Any]:
 
 
 def build_pipeline(options: GraphOptions | None = None) -> Any:
-    from pipelines.package_model import make_pipeline
+    from ortpack.pipelines.package_model import make_pipeline
 
     o = options or GraphOptions()
     return make_pipeline(

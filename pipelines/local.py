@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import InvalidSpecError, NoVariantPassedError, OrtpackError, UnsupportedHereError, one_line
+from ortpack.components.core.errors import (
+    InvalidSpecError,
+    NoVariantPassedError,
+    OrtpackError,
+    UnsupportedHereError,
+    one_line,
+)
 
 log = logging.getLogger("ortpack.run")
 
@@ -101,7 +107,7 @@ def last_error(log_file: Path) -> tuple[str, str] | None:
 
 def _is_refusal(error_type: str) -> bool:
     """True when a step's error type is one of ortpack's input errors (a ValueError)."""
-    from components.core import errors
+    from ortpack.components.core import errors
 
     found = getattr(errors, error_type, None)
     return isinstance(found, type) and issubclass(found, ValueError)
@@ -249,7 +255,7 @@ def run_pipeline_locally(
     kfp.local runner (default: the subprocess runner in this environment)."""
     from kfp import local
 
-    from serving.bundle import replace_dir, verify_bundle
+    from ortpack.kernel.bundle import replace_dir, verify_bundle
 
     pipeline_root = Path(pipeline_root).resolve()
     pipeline_root.mkdir(parents=True, exist_ok=True)
@@ -307,7 +313,7 @@ def run_pipeline_locally(
 
 def load_run_records(run_dir: Path) -> tuple[Any, list[Any]]:
     """The export record and every measured variant of a local run (for the summary table)."""
-    from components.core.artifacts import ExportResult, VariantRecord
+    from ortpack.components.core.artifacts import ExportResult, VariantRecord
 
     exports = sorted(Path(run_dir).glob("**/export-model/exported"))
     export = ExportResult.load(exports[-1])
@@ -316,8 +322,8 @@ def load_run_records(run_dir: Path) -> tuple[Any, list[Any]]:
 
 
 def run_verdict(run_dir: Path) -> Any:
-    """The package step's verdict (components.core.package.Verdict) of a local run, if it wrote one."""
-    from components.core.package import VERDICT_FILE, Verdict
+    """The package step's verdict (ortpack.components.core.package.Verdict) of a local run, if it wrote one."""
+    from ortpack.components.core.package import VERDICT_FILE, Verdict
 
     found = sorted(Path(run_dir).glob(f"**/package-bundle/verdict/{VERDICT_FILE}"))
     return Verdict.load(found[-1].parent) if found else None

@@ -30,26 +30,26 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.dsl.pipeline_channel import PipelineChannel
 
-from components.benchmark import benchmark_variant
-from components.export import export_model
-from components.images import COMPONENT_IMAGE, GPU_COMPONENT_IMAGE, GPU_ORT_VERSION, ORT_VERSION
-from components.optimize import optimize_variant
-from components.package import check_gate, package_bundle, publish_bundle
-from components.source import resolve_source
-from components.validate import validate_variant
-from pipelines.defaults import COMPATIBILITY_BUDGET, GPU_TIMEOUT_S, MODEL_MOUNT
-from serving.contracts import DEFAULT_TASK
-from serving.targets import TARGETS
+from ortpack.components.benchmark import benchmark_variant
+from ortpack.components.export import export_model
+from ortpack.components.images import COMPONENT_IMAGE, GPU_COMPONENT_IMAGE, GPU_ORT_VERSION, ORT_VERSION
+from ortpack.components.optimize import optimize_variant
+from ortpack.components.package import check_gate, package_bundle, publish_bundle
+from ortpack.components.source import resolve_source
+from ortpack.components.validate import validate_variant
+from ortpack.kernel.contracts import DEFAULT_TASK
+from ortpack.kernel.targets import TARGETS
+from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET, GPU_TIMEOUT_S, MODEL_MOUNT
 
 PIPELINE_NAME = "package-model"
-ALL_TARGETS = tuple(TARGETS)  # serving/targets.py: cpu, cuda
+ALL_TARGETS = tuple(TARGETS)  # kernel/targets.py: cpu, cuda
 DEFAULT_TARGETS = ("cpu",)  # cuda is off by default: the committed YAML has no GPU branch
 DEFAULT_PRECISIONS = {name: list(t.default_precisions) for name, t in TARGETS.items()}
 GPU_RESOURCE = "nvidia.com/gpu"
 # The secrets (run-time parameters name them) are mounted as optional volumes: a pod starts
 # without them. One file per key; components/core/sources.py `load_credentials` reads them.
 CREDENTIALS_SECRET = "ortpack-credentials"
-CREDENTIALS_DIR = "/var/run/secrets/ortpack/credentials"  # = components.core.sources.CREDENTIALS_DIR
+CREDENTIALS_DIR = "/var/run/secrets/ortpack/credentials"  # = ortpack.components.core.sources.CREDENTIALS_DIR
 SIGNING_SECRET = "ortpack-signing-key"
 SIGNING_DIR = "/var/run/secrets/ortpack/signing"
 SIGNING_KEY = f"{SIGNING_DIR}/key.pem"
@@ -266,10 +266,10 @@ def make_pipeline(
                 hf://ORG/NAME@REVISION, a path in the image or under /mnt/models (--model-pvc),
                 or a bundled model name (all-MiniLM-L6-v2); image models also a torchvision name,
                 PACKAGE.MODULE:FACTORY (importable in the image) or a torch.export FILE.pt2.
-            task: The task, e.g. text-embedding or image-classification (each is serving/contracts/<task>.py).
+            task: The task, e.g. text-embedding or image-classification (each is kernel/contracts/<task>.py).
             name: Bundle name (empty: the model's own).
             task_options: The task's options, {} for its defaults (each task's are its contract's,
-                serving/contracts/<task>.py). Text tasks: max_length (the model's own when not
+                kernel/contracts/<task>.py). Text tasks: max_length (the model's own when not
                 given). Image models: weights (a state-dict file, path or URI of a .safetensors
                 file; default random), labels (a file, path or URI; default the weights'
                 categories), resize_size, crop_size, mean, std, and validation_images /

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import OrtpackError, one_line
+from ortpack.components.core.errors import OrtpackError, one_line
 
 log = logging.getLogger("ortpack.submit")
 
@@ -107,7 +107,7 @@ def _quiet() -> Any:
 
 def version_name(package: Path) -> str:
     """The pipeline version name of a compiled YAML: ortpack's version and the YAML's sha256."""
-    from serving import __version__
+    from ortpack import __version__
 
     return f"{__version__}-{hashlib.sha256(Path(package).read_bytes()).hexdigest()[:12]}"
 
@@ -225,7 +225,7 @@ def find_bundle(pipeline_root: str, pipeline_name: str, run_id: str) -> BundleLo
     if parts.scheme not in ("s3", "minio"):
         return BundleLocation(uri=folder, note=f"listing {parts.scheme}:// artifact stores is not supported")
     try:
-        from components.core.sources import s3_client, s3_errors
+        from ortpack.components.core.sources import s3_client, s3_errors
 
         client = s3_client(folder)
         prefix = parts.path.lstrip("/")
@@ -250,10 +250,10 @@ def find_bundle(pipeline_root: str, pipeline_name: str, run_id: str) -> BundleLo
 def pinned_publish_uri(publish_to: str, name: str, version: str) -> str:
     """The publish step's pinned URI for a run with this version: an OCI tag resolved to its
     digest by asking the registry; an S3 key as the step names it (`NAME-VERSION.tar`)."""
-    from components.core.sources import ARCHIVE_SUFFIXES, uri_scheme
+    from ortpack.components.core.sources import ARCHIVE_SUFFIXES, uri_scheme
 
     if uri_scheme(publish_to) == "oci":
-        from serving.oci import OciReference, _client
+        from ortpack.kernel.oci import OciReference, _client
 
         ref = OciReference.parse(publish_to)
         if not ref.tag and not ref.digest:

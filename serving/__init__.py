@@ -1,7 +1,6 @@
-"""ortpack serving: the bundle contract and the ONNX Runtime server.
+"""ortpack serving: the HTTP server over the kernel's engines.
 
-Nothing under `serving` imports torch, transformers, kfp or `components`: the serving image
-installs only the `serve` extra.
+Routes, request bodies and answers (each task's plugin under `tasks/`), the batcher, the app and
+its start-up. Nothing under `serving` imports torch, transformers, kfp or `ortpack.components`:
+the serving image installs only the `serve` extra.
 """
-
-__version__ = "0.1.0"

@@ -70,7 +70,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
 def bind_socket(host: str, port: int, what: str) -> socket.socket:
     """Bind (not yet listen on) host:port, as uvicorn would: a port in use stops the start here,
     before the model is loaded."""
-    from serving.config import ConfigError
+    from ortpack.serving.config import ConfigError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -85,11 +85,11 @@ def bind_socket(host: str, port: int, what: str) -> socket.socket:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from serving.startup import Prehash, Timeline
+    from ortpack.serving.startup import Prehash, Timeline
 
     timeline = Timeline()
     with timeline.phase("imports"):
-        from serving.config import ConfigError, parse_config
+        from ortpack.serving.config import ConfigError, parse_config
 
     try:
         config = parse_config(argv)
@@ -108,9 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prehash = Prehash(local) if "://" not in config.bundle and (local / "manifest.json").is_file() else None
     setup_logging(config.log_level, config.log_format)
     with timeline.phase("imports"):  # what both threads below import, once, before they start
-        import serving.http
-        import serving.service  # noqa: F401
-        from serving.bundle import BundleError
+        import ortpack.serving.http
+        import ortpack.serving.service  # noqa: F401
+        from ortpack.kernel.bundle import BundleError
     # The bundle is verified, loaded and checked on a thread, mostly in hashlib and ONNX Runtime
     # (which release the GIL), while this one imports the HTTP stack.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-load") as pool:
@@ -135,8 +135,8 @@ def import_http_stack() -> None:
     """Import what `serve` runs (uvicorn, its event loop, the app and routes)."""
     import uvicorn  # noqa: F401
 
-    import serving.app
-    import serving.protocol  # noqa: F401
+    import ortpack.serving.app
+    import ortpack.serving.protocol  # noqa: F401
 
     with contextlib.suppress(ImportError):  # loop="auto" picks uvloop when it is installed
         import uvloop  # noqa: F401
@@ -145,15 +145,15 @@ def import_http_stack() -> None:
 def build(config: Any, timeline: Any = None, prehash: Any = None) -> Any:
     """Fetch, verify and load the bundle, and begin warming up. A failed start removes what it
     extracted into the cache; a successful one marks it verified for the next start to reuse.
-    `timeline` (a serving.startup.Timeline) records the phases; `prehash` (a Prehash of the
+    `timeline` (a ortpack.serving.startup.Timeline) records the phases; `prehash` (a Prehash of the
     bundle directory) has hashed its files already."""
-    from serving.startup import Timeline
+    from ortpack.serving.startup import Timeline
 
     timeline = timeline or Timeline()
     with timeline.phase("imports"):
-        from serving.metrics import Metrics
-        from serving.service import load_service
-        from serving.sources import fetch
+        from ortpack.kernel.sources import fetch
+        from ortpack.serving.metrics import Metrics
+        from ortpack.serving.service import load_service
 
     cache = Path(config.cache_dir or Path(tempfile.gettempdir()) / "ortpack-bundles")
     cache.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def check_signature(bundle_dir: Path, trust_key: str) -> Any:
     and return it (a `BundleSignature`: the digests it vouches for); without one, return None."""
     if not trust_key:
         return None
-    from serving.signing import verify_signature
+    from ortpack.kernel.signing import verify_signature
 
     signed = verify_signature(bundle_dir, Path(trust_key))
     log.info("bundle signature verified: %d files, key sha256 %s", len(signed.files), signed.key_fingerprint[:16])
@@ -215,7 +215,7 @@ def check_signature(bundle_dir: Path, trust_key: str) -> Any:
 
 def warn_unverified(bundle_dir: Path) -> None:
     """One warning line: nothing proves who made this bundle (no --trust-key)."""
-    from serving.signing import has_signature
+    from ortpack.kernel.signing import has_signature
 
     if has_signature(bundle_dir):
         log.warning("bundle signature (model.sig) NOT checked: no --trust-key given; serving it unverified")
@@ -226,7 +226,7 @@ def warn_unverified(bundle_dir: Path) -> None:
 def ready_line(service: Any, config: Any, seconds: float) -> str:
     import onnxruntime
 
-    from serving.hardware import this_machine
+    from ortpack.kernel.hardware import this_machine
 
     where = f"http://{f'[{config.host}]' if ':' in config.host else config.host}:{config.port}"
     metrics = f" (metrics on port {config.metrics_port})" if config.metrics_port else ""
@@ -240,8 +240,8 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any
     listen_began = timeline.now()  # the app built, the port opened
     import uvicorn
 
-    from serving.app import serving_app
-    from serving.protocol import ConnectionLimits, protocol_class
+    from ortpack.serving.app import serving_app
+    from ortpack.serving.protocol import ConnectionLimits, protocol_class
 
     metrics = service.metrics
     limits = ConnectionLimits(

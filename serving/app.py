@@ -25,13 +25,13 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serving.config import ServeConfig
-from serving.errors import MethodNotAllowedError, RouteNotFoundError, ServeError, status_of
-from serving.http import RouteSpec, endpoint, error_response, request_id_of
-from serving.openapi import openapi_document
-from serving.routes import openai, ops, v2
-from serving.service import ModelService
-from serving.tasks import TaskRuntime
+from ortpack.serving.config import ServeConfig
+from ortpack.serving.errors import MethodNotAllowedError, RouteNotFoundError, ServeError, status_of
+from ortpack.serving.http import RouteSpec, endpoint, error_response, request_id_of
+from ortpack.serving.openapi import openapi_document
+from ortpack.serving.routes import openai, ops, v2
+from ortpack.serving.service import ModelService
+from ortpack.serving.tasks import TaskRuntime
 
 log = logging.getLogger("ortpack.serve")
 

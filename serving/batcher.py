@@ -53,10 +53,10 @@ from typing import Any
 
 import numpy as np
 
-from serving import context
-from serving.backend import Backend
-from serving.context import RequestContext
-from serving.errors import (
+from ortpack.kernel.backend import Backend
+from ortpack.serving import context
+from ortpack.serving.context import RequestContext
+from ortpack.serving.errors import (
     DeadlineExceededError,
     InferenceError,
     NotReadyError,

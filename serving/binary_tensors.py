@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.errors import InvalidRequestError
+from ortpack.serving.errors import InvalidRequestError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSION = "binary_tensor_data"

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, Validato
 from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 
-from serving.errors import InvalidRequestError, ServeError
-from serving.http import read_json_object
+from ortpack.serving.errors import InvalidRequestError, ServeError
+from ortpack.serving.http import read_json_object
 
 M = TypeVar("M", bound=BaseModel)
 

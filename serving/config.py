@@ -42,7 +42,7 @@ class ServeConfig:
     max_image_pixels: int = 40_000_000
     max_batch_pixels: int = 4_000_000
     decode: str = "auto"  # image bundles: auto (the bundle's validated default), exact or reduced
-    buckets: tuple[int, ...] = ()  # default: serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
+    buckets: tuple[int, ...] = ()  # default: ortpack.serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
     workers: int = 0  # model threads running ORT at once; default: the cores available
     intra_op_threads: int = 1
     lone_threads: int = 0  # default: workers x intra-op threads (every core the server uses)
@@ -58,7 +58,7 @@ class ServeConfig:
     cache_dir: str = ""  # where fetched bundles go; default: a directory under the temp dir
     bundle_wait_s: float = 0.0  # a local bundle that is not there yet is waited for this long
     trust_key: str = ""  # PEM public key; when set, the bundle's model.sig must verify with it
-    require: tuple[str, ...] = ()  # admission policy (serving/policy.py): every expression must hold
+    require: tuple[str, ...] = ()  # admission policy (kernel/policy.py): every expression must hold
     access_log: bool = False
     log_format: str = "text"
     log_level: str = "info"
@@ -106,7 +106,7 @@ class ServeConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        from serving.policy import PolicyError, parse_requirements
+        from ortpack.kernel.policy import PolicyError, parse_requirements
 
         try:
             parse_requirements(self.require)
@@ -221,7 +221,7 @@ _DEFAULT_TEXT = {
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    from serving import __version__
+    from ortpack import __version__
 
     try:
         ort = version("onnxruntime")
@@ -285,7 +285,7 @@ def _converter(name: str) -> Callable[[str], Any]:
     if name == "buckets":
         return _buckets
     if name == "require":
-        from serving.policy import split_expressions
+        from ortpack.kernel.policy import split_expressions
 
         return lambda text: tuple(split_expressions(text))
     default = next(f.default for f in fields(ServeConfig) if f.name == name)

@@ -14,7 +14,7 @@ import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
-from serving.errors import DeadlineExceededError
+from ortpack.serving.errors import DeadlineExceededError
 
 
 @dataclass(slots=True, eq=False)

@@ -21,9 +21,9 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from serving import context
-from serving.context import RequestContext, bind, unbind
-from serving.errors import (
+from ortpack.serving import context
+from ortpack.serving.context import RequestContext, bind, unbind
+from ortpack.serving.errors import (
     ClientClosedError,
     InvalidRequestError,
     ModelNotFoundError,
@@ -36,16 +36,16 @@ from serving.errors import (
     error_body,
     status_of,
 )
-from serving.stages import breakdown
+from ortpack.serving.stages import breakdown
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import numpy as np
 
-    from serving.bundle import EmbeddingSpace, Manifest
-    from serving.config import ServeConfig
-    from serving.metrics import Metrics
+    from ortpack.kernel.bundle import EmbeddingSpace, Manifest
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
 
 log = logging.getLogger("ortpack.serve")
 access_log = logging.getLogger("ortpack.access")
@@ -93,12 +93,12 @@ def error_response(error: ServeError) -> Response:
 
 
 class Served(Protocol):
-    """What the routes read of the model service (serving.service.ModelService, which the app
+    """What the routes read of the model service (ortpack.serving.service.ModelService, which the app
     puts in `app.state.service`): declared here so that this module, which the task plugins
     import, does not import the service, which imports the task plugins."""
 
     manifest: Manifest
-    runtime: Any  # the task's runtime (serving.tasks.TaskRuntime); routes narrow it to their own
+    runtime: Any  # the task's runtime (ortpack.serving.tasks.TaskRuntime); routes narrow it to their own
 
     @property
     def model_name(self) -> str: ...

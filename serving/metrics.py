@@ -8,9 +8,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from serving.batcher import BatchStats
-from serving.probe import ProbeResult
-from serving.stages import STAGES
+from ortpack.kernel.probe import ProbeResult
+from ortpack.serving.batcher import BatchStats
+from ortpack.serving.stages import STAGES
 
 _LATENCY = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 # Stages of a request run from tens of microseconds (tokenizing a sentence) to seconds.

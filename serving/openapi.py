@@ -9,10 +9,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from serving import __version__
+from ortpack import __version__
 
 if TYPE_CHECKING:
-    from serving.http import RouteSpec
+    from ortpack.serving.http import RouteSpec
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",

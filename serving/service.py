@@ -17,10 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from serving import context
-from serving.backend import load_session
-from serving.batcher import Batcher
-from serving.bundle import (
+from ortpack.kernel.backend import load_session
+from ortpack.kernel.bundle import (
     MANIFEST_NAME,
     BundleError,
     EmbeddingSpace,
@@ -31,15 +29,17 @@ from serving.bundle import (
     read_verified,
     verify_bundle,
 )
-from serving.config import ServeConfig
-from serving.contracts import get_contract
-from serving.errors import NotReadyError
-from serving.hardware import HardwareInfo, this_machine
-from serving.metrics import Metrics
-from serving.probe import Probe, ProbeResult, check_probe
-from serving.selection import candidate_variants
-from serving.startup import Timeline
-from serving.tasks import LoadContext, TaskRuntime, get_task
+from ortpack.kernel.contracts import get_contract
+from ortpack.kernel.hardware import HardwareInfo, this_machine
+from ortpack.kernel.probe import Probe, ProbeResult, check_probe
+from ortpack.kernel.selection import candidate_variants
+from ortpack.serving import context
+from ortpack.serving.batcher import Batcher
+from ortpack.serving.config import ServeConfig
+from ortpack.serving.errors import NotReadyError
+from ortpack.serving.metrics import Metrics
+from ortpack.serving.startup import Timeline
+from ortpack.serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
 
@@ -283,7 +283,7 @@ def load_service(
 def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeConfig) -> dict[str, list[str]]:
     """The candidates --require excludes (id -> misses), one warning line each; checked against
     the manifest alone, before any model is read. Raises PolicyRefusedError when none is left."""
-    from serving.policy import admit, parse_requirements
+    from ortpack.kernel.policy import admit, parse_requirements
 
     policy = parse_requirements(config.require)
     if not policy:
@@ -355,6 +355,6 @@ def _open(
 
 def model_service(request: Any) -> ModelService:
     """The service an app-level route (serving/routes/) answers from: the whole ModelService. Task
-    routes read it through `serving.http.service_of`, which declares only what they use."""
+    routes read it through `ortpack.serving.http.service_of`, which declares only what they use."""
     service: ModelService = request.app.state.service
     return service

@@ -20,7 +20,7 @@ follow each other on the request's path, so they add up to `total`:
 
 from __future__ import annotations
 
-from serving.context import RequestContext
+from ortpack.serving.context import RequestContext
 
 STAGES = ("read", "tokenize", "queue", "model", "postprocess", "serialize", "other", "total")
 

@@ -22,10 +22,10 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import AfterValidator, Field, StrictInt, ValidationInfo
 
-from serving import context
-from serving.bodies import worded
-from serving.contracts import TextSettings
-from serving.errors import InvalidRequestError, PayloadTooLargeError
+from ortpack.kernel.contracts import TextSettings
+from ortpack.serving import context
+from ortpack.serving.bodies import worded
+from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
 
 # A request of one text up to this long is tokenized inline on the event loop (~50-70 us for a
 # sentence: less than the hop to a thread); a longer text, or several texts, on a thread.

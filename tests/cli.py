@@ -19,7 +19,7 @@ def ortpack(
     starting with `drop`, updated with `env`."""
     base = {k: v for k, v in os.environ.items() if not (drop and k.startswith(drop))}
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "ortpack.pipelines.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

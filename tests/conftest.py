@@ -58,8 +58,8 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_export(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A raw export of the tiny BERT (model.onnx, tokenizer.json, reference.npz, export.json)."""
-    from components.core.export import export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.specs import ExportSpec
 
     out = tmp_path_factory.mktemp("export") / "export"
     export_model(ExportSpec(source=str(tiny_bert), task="text-embedding", name="tiny-bert"), out)
@@ -69,11 +69,11 @@ def tiny_export(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="session")
 def tiny_variants(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """cpu-fp32 and cpu-int8 built, validated and benchmarked from `tiny_export`."""
-    from components.core.benchmark import benchmark_variant
-    from components.core.optimize import optimize_model
-    from components.core.parity import validate_variant
-    from components.core.specs import VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.benchmark import benchmark_variant
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
 
     root = tmp_path_factory.mktemp("variants")
     out = {}
@@ -89,7 +89,7 @@ def tiny_variants(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tiny_export: Path, tiny_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from components.core.package import package_dirs
+    from ortpack.components.core.package import package_dirs
 
     out = tmp_path_factory.mktemp("dist") / "tiny-bert"
     package_dirs(tiny_export, list(tiny_variants.values()), out)

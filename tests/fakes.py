@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from serving.app import serving_app
-from serving.config import ServeConfig
-from serving.metrics import Metrics
-from serving.service import ModelService, load_service
+from ortpack.serving.app import serving_app
+from ortpack.serving.config import ServeConfig
+from ortpack.serving.metrics import Metrics
+from ortpack.serving.service import ModelService, load_service
 
 
 class SlowBackend:

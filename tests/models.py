@@ -290,12 +290,12 @@ def make_trunk_classifier(
 
 def build_tiny_bundle(model: Path, out: Path, precisions: tuple[str, ...]) -> Path:
     """A bundle named tiny-bert built from `model`, the way the pipeline builds one (no benchmark)."""
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.package import package_dirs
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.package import package_dirs
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
 
     export = out.parent / f"{out.name}-export"
     export_model(ExportSpec(source=str(model), task="text-embedding", name="tiny-bert"), export)

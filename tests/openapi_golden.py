@@ -53,10 +53,10 @@ def _tokenizer_json() -> bytes:
 
 
 def document(case: str) -> dict[str, Any]:
-    from serving.app import openapi_for
-    from serving.bundle import Manifest
-    from serving.config import ServeConfig
-    from serving.tasks import LoadContext, get_task
+    from ortpack.kernel.bundle import Manifest
+    from ortpack.serving.app import openapi_for
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.tasks import LoadContext, get_task
 
     fields = {
         "schema_version": 3,

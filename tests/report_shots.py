@@ -21,8 +21,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from components.core.artifacts import BenchmarkResult, ExportResult, ParityReport, VariantRecord
-from components.core.timing import LoadRecord, LoadSample
+from ortpack.components.core.artifacts import BenchmarkResult, ExportResult, ParityReport, VariantRecord
+from ortpack.components.core.timing import LoadRecord, LoadSample
 
 FIXTURE = Path(__file__).parent / "data" / "report_minilm"
 Build = tuple[ExportResult, list[VariantRecord]]
@@ -102,7 +102,7 @@ def render(name: str, out_dir: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from components.core.report import render_html
+    from ortpack.components.core.report import render_html
 
     export, records = SCENARIOS[name]()
     path = out_dir / f"{name}.html"

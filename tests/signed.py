@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from serving.bundle import write_bundle
+from ortpack.kernel.bundle import write_bundle
 from tests.models import minimal_manifest
 
 

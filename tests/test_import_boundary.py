@@ -23,18 +23,20 @@ def _loaded(modules: list[str], forbidden: list[str]) -> list[str]:
 
 
 def test_serving_imports_no_heavy_or_pipeline_code() -> None:
-    modules = ["serving", "serving.bundle", "serving.runtime"]
+    modules = ["serving", "ortpack.kernel.bundle", "ortpack.kernel.runtime"]
     assert _loaded(modules, ["torch", "transformers", "kfp", "components", "onnx", "torchvision"]) == []
 
 
-@pytest.mark.parametrize("module", ["pipelines.cli", "components.core.specs", "components.core.artifacts"])
+@pytest.mark.parametrize(
+    "module", ["ortpack.pipelines.cli", "ortpack.components.core.specs", "ortpack.components.core.artifacts"]
+)
 def test_cli_and_specs_import_nothing_heavy(module: str) -> None:
     assert _loaded([module], ["torch", "transformers", "onnxruntime", "onnx", "kfp"]) == []
 
 
 _COMMAND = """
 import contextlib, sys
-from pipelines.cli import main
+from ortpack.pipelines.cli import main
 with contextlib.suppress(SystemExit):
     print("exit", main({argv!r}), file=sys.stderr)
 print("loaded:" + ",".join(sorted(m for m in {forbidden!r} if m in sys.modules)))
@@ -68,7 +70,7 @@ def _import_graph(package: str) -> dict[str, set[str]]:
     root = Path(__file__).resolve().parents[1]
     modules = {}
     for path in (root / package).rglob("*.py"):
-        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        name = "ortpack." + ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
         modules[name] = path
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -120,7 +122,7 @@ def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("package", ["components", "serving", "pipelines"])
+@pytest.mark.parametrize("package", ["kernel", "components", "serving", "pipelines"])
 def test_no_import_circle(package: str) -> None:
     """Each package's import map is a tree of layers: a task plugin imports the contract, never
     the registry that imports it back; a leaf never consults a registry."""

@@ -6,16 +6,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from components.core.tasks import get_family, task_names
-from serving.contracts import contract_names, get_contract
-from serving.tasks import get_task
-from serving.tasks import task_names as serving_task_names
+from ortpack.components.core.tasks import get_family, task_names
+from ortpack.kernel.contracts import contract_names, get_contract
+from ortpack.serving.tasks import get_task
+from ortpack.serving.tasks import task_names as serving_task_names
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where a task's own modules live: each holds <task>.py (`text-embedding` -> text_embedding.py)
-TASK_DIRS = ("serving/contracts", "serving/tasks", "components/core/tasks", "components/core/exporters")
+TASK_DIRS = ("kernel/contracts", "serving/tasks", "components/core/tasks", "components/core/exporters")
 # The registries may name the default task
-REGISTRIES = ("serving/contracts/__init__.py",)
+REGISTRIES = ("kernel/contracts/__init__.py",)
 
 
 def test_every_task_has_a_contract_a_family_and_a_plugin() -> None:
@@ -43,7 +43,7 @@ def test_tasks_are_named_only_in_their_own_modules() -> None:
     code, and shared code must not branch on a task."""
     names = set(contract_names())
     offenders = []
-    for package in ("components", "serving", "pipelines"):
+    for package in ("kernel", "components", "serving", "pipelines"):
         for path in (ROOT / package).rglob("*.py"):
             if str(path.relative_to(ROOT)) in REGISTRIES:
                 continue

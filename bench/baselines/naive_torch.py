@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from transformers import AutoModel, AutoTokenizer
 
-from components.core.tasks import resolve_model_source
+from ortpack.components.core.tasks import resolve_model_source
 
 SOURCE, NAME = resolve_model_source(os.environ.get("NAIVE_MODEL", "all-MiniLM-L6-v2"), "text-embedding")
 tokenizer = AutoTokenizer.from_pretrained(SOURCE)

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from components.core.errors import ParityError
+from ortpack.components.core.errors import ParityError
 
 if TYPE_CHECKING:
-    from serving.contracts import TaskSettings
+    from ortpack.kernel.contracts import TaskSettings
 
 
 class _Record:
@@ -66,15 +66,15 @@ class ExportResult(_Record):
     versions: dict[str, str]
     model_file: str = "model.onnx"
     reference_file: str = "reference.npz"
-    # the task's manifest section (serving/contracts/<task>.py), checked when the export is written
+    # the task's manifest section (kernel/contracts/<task>.py), checked when the export is written
     task_settings: dict[str, Any] = field(default_factory=dict)
     extra_files: list[str] = field(default_factory=list)
     # True when the reference was degenerate and the user allowed it (the report shows a banner)
     degenerate_reference: bool = False
 
     def settings(self) -> TaskSettings:
-        """The task section, checked against its task's manifest model (serving.contracts)."""
-        from serving.bundle import check_task_settings
+        """The task section, checked against its task's manifest model (ortpack.kernel.contracts)."""
+        from ortpack.kernel.bundle import check_task_settings
 
         return check_task_settings(self.task, self.task_settings)
 
@@ -121,9 +121,9 @@ class ParityReport(_Record):
     validated_on: str  # the execution provider that actually ran the check
     samples: int
     per_item: dict[str, list[float]] = field(default_factory=dict)
-    # the machine the check ran on (serving.hardware.HardwareInfo.as_dict())
+    # the machine the check ran on (ortpack.kernel.hardware.HardwareInfo.as_dict())
     hardware: dict[str, Any] = field(default_factory=dict)
-    # the probe set's check on this machine (serving.probe.ProbeResult.as_dict()): what every
+    # the probe set's check on this machine (ortpack.kernel.probe.ProbeResult.as_dict()): what every
     # serving node repeats before it turns ready
     probe: dict[str, Any] = field(default_factory=dict)
     # validated on another execution provider than the target's (a cuda variant on the CPU

@@ -1,9 +1,9 @@
 """Will this bundle break my index? Compare the vector spaces of two text-embedding bundles.
 
 `diff_bundles(old, new, spec)` opens both bundles the way the server does (any bundle URI the
-server accepts, fetched by serving.sources and verified), runs paired variants (the same
+server accepts, fetched by ortpack.kernel.sources and verified), runs paired variants (the same
 precision by default, every pair with `all_pairs`) through ONNX Runtime with the server's own
-tokenization, session and backend (serving.tasks) on two sets of texts:
+tokenization, session and backend (ortpack.serving.tasks) on two sets of texts:
 
 - the probe set: the probe sentences both bundles carry;
 - a retrieval set: queries (400 shipped support-desk questions) searching documents (the shipped
@@ -19,7 +19,7 @@ own; the ratio of the two is the verdict's number). It also gives the recall aft
 Verdicts: `drop-in` (every pair's ratio >= the budget: vectors from the new bundle can search an
 index built with the old one), `re-index` (a pair below it), `incompatible` (dimensions or
 normalisation differ: nothing is run). Two variants in the same embedding space
-(serving.bundle.EmbeddingSpace) compute the same vectors, so each space is embedded once.
+(ortpack.kernel.bundle.EmbeddingSpace) compute the same vectors, so each space is embedded once.
 
 The pipeline's package step uses it through `check_baseline` (its `baseline_bundle` parameter):
 a `BaselineCheck` carries the diff, its KFP metrics and whether it stops the build.
@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from components.core.errors import InvalidSpecError
-from serving.bundle import Manifest, Variant, embedding_space
-from serving.contracts.text_embedding import TextEmbeddingSettings
+from ortpack.components.core.errors import InvalidSpecError
+from ortpack.kernel.bundle import Manifest, Variant, embedding_space
+from ortpack.kernel.contracts.text_embedding import TextEmbeddingSettings
 
 log = logging.getLogger("ortpack.compat")
 
@@ -268,7 +268,7 @@ def check_baseline(
     unreachable, tampered with, not a text-embedding bundle) is one `InvalidSpecError` line."""
     import dataclasses
 
-    from components.core.errors import OrtpackError, one_line
+    from ortpack.components.core.errors import OrtpackError, one_line
 
     if not 0.0 < budget <= 1.0:
         raise InvalidSpecError(f"the compatibility budget must be in (0, 1], got {budget}")
@@ -287,7 +287,7 @@ def check_baseline(
 def compare_rows(old: np.ndarray, new: np.ndarray, k: int) -> dict[str, float]:
     """Cosine of old and new vectors of the same texts (min/mean), and neighbour agreement@k
     (the share of each text's k nearest neighbours within the set that the new vectors keep)."""
-    from serving.gates import cosine_rows, neighbour_overlap
+    from ortpack.kernel.gates import cosine_rows, neighbour_overlap
 
     cos = cosine_rows(old, new)
     return {
@@ -342,8 +342,8 @@ class _Side:
     manifest: Manifest
 
     def probe_texts(self) -> list[str]:
-        from serving.bundle import read_verified
-        from serving.probe import Probe
+        from ortpack.kernel.bundle import read_verified
+        from ortpack.kernel.probe import Probe
 
         if self.manifest.probe is None:
             return []
@@ -359,9 +359,9 @@ class _Side:
 
 
 def _open(uri: str, cache: Path) -> _Side:
-    """Fetch (serving.sources: a directory is used in place) and verify every file's sha256."""
-    from serving.bundle import verify_bundle
-    from serving.sources import fetch_bundle
+    """Fetch (ortpack.kernel.sources: a directory is used in place) and verify every file's sha256."""
+    from ortpack.kernel.bundle import verify_bundle
+    from ortpack.kernel.sources import fetch_bundle
 
     cache.mkdir(parents=True, exist_ok=True)
     path = fetch_bundle(uri, cache)
@@ -429,9 +429,9 @@ def _embed(
     its batch: MiniLM, min cosine 0.949 between batch 1 and length-sorted batches of 16), the
     others in length-sorted batches of `BATCH` (batch-invariant, and 1.7x faster on MiniLM fp32).
     A space embedded already (the same model, tokenizer and settings) is reused."""
-    from serving.bundle import read_verified
-    from serving.runtime import create_session, plan_for
-    from serving.tasks import get_task
+    from ortpack.kernel.bundle import read_verified
+    from ortpack.kernel.runtime import create_session, plan_for
+    from ortpack.serving.tasks import get_task
 
     space = embedding_space(side.manifest, variant)
     key = space.id if space is not None else f"{side.uri}#{variant.id}"
@@ -486,12 +486,12 @@ def _unique(texts: Sequence[str]) -> list[str]:
 
 
 def _shipped_queries() -> tuple[str, ...]:
-    from components.core.validation_data import retrieval_queries
+    from ortpack.components.core.validation_data import retrieval_queries
 
     return retrieval_queries()
 
 
 def _shipped_documents() -> tuple[str, ...]:
-    from components.core.validation_data import validation_sentences
+    from ortpack.components.core.validation_data import validation_sentences
 
     return validation_sentences()

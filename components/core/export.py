@@ -5,7 +5,7 @@ and one selection are the same for every task:
 
 - a reference whose outputs barely vary (random torchvision weights give every class ~0.001)
   makes every parity check vacuous: it is refused unless the spec allows it;
-- the probe set (serving/probe.py) is picked from the validation set with its reference outputs:
+- the probe set (kernel/probe.py) is picked from the validation set with its reference outputs:
   a small, varied subset every serving node replays before it turns ready.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from components.core.artifacts import ExportResult
-from components.core.errors import ExportError
-from components.core.specs import ExportSpec
+from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.errors import ExportError
+from ortpack.components.core.specs import ExportSpec
 
 log = logging.getLogger("ortpack.export")
 
@@ -45,9 +45,9 @@ def output_spread(outputs: np.ndarray) -> float:
 
 
 def _write_probe(export: ExportResult, out_dir: Path) -> str:
-    """Write the task's probe set (serving/probe.py) into the export; return its path there."""
-    from components.core.tasks import get_family
-    from serving.probe import PROBE_FILE
+    """Write the task's probe set (kernel/probe.py) into the export; return its path there."""
+    from ortpack.components.core.tasks import get_family
+    from ortpack.kernel.probe import PROBE_FILE
 
     probe = get_family(export.task).select_probe(export, out_dir)
     path = out_dir / PROBE_FILE
@@ -64,8 +64,8 @@ def export_model(
     its record and this adds the probe and the reference's spread, and `source` completes the
     manifest's source record with what the caller knows better: the URI a checkpoint was fetched
     from, its revision)."""
-    from components.core.tasks import check_export_spec, get_family
-    from serving.bundle import BundleError, check_task_settings
+    from ortpack.components.core.tasks import check_export_spec, get_family
+    from ortpack.kernel.bundle import BundleError, check_task_settings
 
     check_export_spec(spec)  # the task and the options it reads, before any work
     out_dir = Path(out_dir)

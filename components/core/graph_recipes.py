@@ -2,9 +2,9 @@
 an ONNX graph (fp16 with the pre/post-processing kept in fp32, dynamic int8 with per-token rows,
 static int8 calibrated on images).
 
-The optimize step (`components.core.optimize`) and the task families (`components.core.tasks`)
+The optimize step (`ortpack.components.core.optimize`) and the task families (`ortpack.components.core.tasks`)
 call these; this module imports neither (nor the benchmark step), only the recipe table
-(`components.core.recipes`). onnx and onnxruntime load inside the functions.
+(`ortpack.components.core.recipes`). onnx and onnxruntime load inside the functions.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.core.recipes import PER_CHANNEL, STATIC_INT8_RECIPES, DynamicInt8
+from ortpack.components.core.recipes import PER_CHANNEL, STATIC_INT8_RECIPES, DynamicInt8
 
 if TYPE_CHECKING:
-    from components.core.artifacts import ExportResult
+    from ortpack.components.core.artifacts import ExportResult
 
 # Fuser name (`EncoderFamily.fuser`, recorded by the exporter in export.json's model_info) -> the
 # onnxruntime.transformers optimizer model_type it runs, or None for the onnxscript rewriter.
@@ -109,7 +109,7 @@ def quantize_int8_dynamic(
     of 70-100 at its delimiter tokens (<s>, </s>, ".") in layers 6-10 against ~2.5 elsewhere, so
     every other token keeps a handful of levels (min cosine 0.58, mean 0.86, neighbours 0.73).
     Each row then gets its own scale and zero point: the family table
-    (`components.core.exporters.families`, `int8_per_token`) says where.
+    (`ortpack.components.core.exporters.families`, `int8_per_token`) says where.
     """
     import re
 

@@ -3,7 +3,7 @@
 A task hands `search` its candidates (a name and a function that writes the quantized graph), a
 `judge` that measures one candidate's quality and says what it misses of the parity budget, and
 the benchmark feeds. Every candidate is built and judged; those within budget are then timed
-together (interleaved, `components.core.timing.measure_interleaved`, so a busy machine slows
+together (interleaved, `ortpack.components.core.timing.measure_interleaved`, so a busy machine slows
 them alike; each one's fastest call per shape, the geometric mean over the shapes), and the
 winner is:
 
@@ -144,7 +144,7 @@ def time_candidates(paths: dict[str, Path], feeds: dict[str, dict[str, Any]]) ->
     is the least disturbed by whatever else runs, and the search compares recipes, not loads."""
     from functools import partial
 
-    from components.core.timing import measure_interleaved, timed
+    from ortpack.components.core.timing import measure_interleaved, timed
 
     sessions = {name: session(path, threads=1) for name, path in paths.items()}
     out: dict[str, dict[str, float]] = {name: {} for name in paths}
@@ -163,7 +163,7 @@ def session(path: Path, threads: int = 0) -> Any:
     ONNX Runtime's default)."""
     import onnxruntime as ort
 
-    from serving.runtime import DISABLED_OPTIMIZERS
+    from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -1,12 +1,12 @@
 """Step 2: optimize a raw export offline for one variant (a target preset x a precision).
 
 The sequence is: the transformer fusions the model's encoder family chose at export
-(`components.core.exporters.families`: ONNX Runtime's BERT optimizer, giving Attention,
+(`ortpack.components.core.exporters.families`: ONNX Runtime's BERT optimizer, giving Attention,
 SkipLayerNormalization, BiasGelu, EmbedLayerNormalization, or the onnxscript rewriter's ORT
 fusions, which add MultiHeadAttention, RotaryEmbedding and RMS norms); the precision conversion (fp16
 with fp32 inputs/outputs and the pooling block kept in fp32, or int8 dynamic per-channel
 quantization); then ORT's own graph optimization at the target's offline level, saved to disk.
-The fusions and precision conversions themselves live in `components.core.graph_recipes`.
+The fusions and precision conversions themselves live in `ortpack.components.core.graph_recipes`.
 
 What this does not do: TensorRT engines, or ORT-level offline optimization for CUDA (that needs a
 GPU session; the server enables online optimization for such variants instead).
@@ -23,12 +23,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from components.core.artifacts import ExportResult, OptimizeResult
-from components.core.errors import UnsupportedHereError
-from components.core.graph_recipes import to_fp16
-from components.core.specs import VariantSpec, get_target
-from components.core.tasks import check_int8_recipe, get_family
-from serving.runtime import DISABLED_OPTIMIZERS
+from ortpack.components.core.artifacts import ExportResult, OptimizeResult
+from ortpack.components.core.errors import UnsupportedHereError
+from ortpack.components.core.graph_recipes import to_fp16
+from ortpack.components.core.specs import VariantSpec, get_target
+from ortpack.components.core.tasks import check_int8_recipe, get_family
+from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
 log = logging.getLogger("ortpack.optimize")
 
@@ -74,8 +74,8 @@ def choose_online_level(model_path: Path, export: ExportResult, providers: list[
     (MobileNetV3 fp32: 7.2 vs 14.9 ms), a QDQ int8 one slower (7.6 vs 5.4 ms); BERT is the same."""
     import onnxruntime as ort
 
-    from components.core.benchmark import bench_feeds
-    from components.core.timing import measure_latency
+    from ortpack.components.core.benchmark import bench_feeds
+    from ortpack.components.core.timing import measure_latency
 
     _, feeds = next(iter(bench_feeds(export).values()))
     p50 = {}

@@ -12,10 +12,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from components.core.artifacts import ParityReport, load_arrays
-from components.core.errors import one_line
-from components.core.specs import ParityThresholds
-from serving.runtime import SessionPlan, create_session
+from ortpack.components.core.artifacts import ParityReport, load_arrays
+from ortpack.components.core.errors import one_line
+from ortpack.components.core.specs import ParityThresholds
+from ortpack.kernel.runtime import SessionPlan, create_session
 
 log = logging.getLogger("ortpack.validate")
 
@@ -34,7 +34,7 @@ def check_parity(
     this gates them. Never raises on a miss: call `raise_if_failed()` on the report after
     logging it.
     """
-    from components.core.tasks import get_family
+    from ortpack.components.core.tasks import get_family
 
     reference_path = Path(reference_path)
     ref = load_arrays(reference_path)
@@ -83,13 +83,13 @@ def check_parity(
 def probe_on_this_machine(
     export: Any, export_dir: Path, model_path: Path, plan: SessionPlan, thresholds: ParityThresholds, variant_id: str
 ) -> dict[str, Any]:
-    """The bundle's probe check (serving.probe) on this machine, run exactly as a serving node
+    """The bundle's probe check (ortpack.kernel.probe) on this machine, run exactly as a serving node
     runs it: a serving session (one thread, no spinning), the task's serving-side preparation
     (the shipped tokenizer, the server's image decoder) and backend, batch 1. Empty when the
     export has no probe set."""
-    from serving.hardware import this_machine
-    from serving.probe import PROBE_FILE, Probe, check_probe
-    from serving.tasks import get_task
+    from ortpack.kernel.hardware import this_machine
+    from ortpack.kernel.probe import PROBE_FILE, Probe, check_probe
+    from ortpack.serving.tasks import get_task
 
     export_dir = Path(export_dir)
     probe_path = export_dir / PROBE_FILE
@@ -132,10 +132,10 @@ def validate_variant(
     `allow_off_target`; the report then says so."""
     import dataclasses
 
-    from components.core.artifacts import ExportResult, OptimizeResult
-    from components.core.specs import get_target
-    from serving.hardware import this_machine
-    from serving.runtime import plan_for
+    from ortpack.components.core.artifacts import ExportResult, OptimizeResult
+    from ortpack.components.core.specs import get_target
+    from ortpack.kernel.hardware import this_machine
+    from ortpack.kernel.runtime import plan_for
 
     built = OptimizeResult.load(variant_dir)
     export = ExportResult.load(export_dir)

@@ -3,7 +3,7 @@ a Markdown summary for KFP, and the plain-text table the CLI prints. All three r
 step records, so they always agree.
 
 The report opens with the verdict: the variant a server on this build's machine picks (the
-server's own ranking, `serving.selection.rank_variants`), the alternatives and why not, the accuracy
+server's own ranking, `ortpack.kernel.selection.rank_variants`), the alternatives and why not, the accuracy
 cost of each in its gate's own metrics, where the gate ran, and whether the timings were taken
 under load (components/core/timing.py)."""
 
@@ -18,20 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.core.artifacts import ExportResult, ParityReport, VariantRecord
-from components.core.errors import and_list
-from components.core.tasks import get_family
-from components.core.tasks.family import ReportSpec
-from components.core.timing import LoadRecord, load_of, worst_load
-from serving.contracts import get_contract
-from serving.gates import margins
-from serving.hardware import HardwareInfo
-from serving.selection import PREFERENCE, TARGET_PROVIDER, measured_p50, rank_variants
-from serving.targets import TARGETS
+from ortpack.components.core.artifacts import ExportResult, ParityReport, VariantRecord
+from ortpack.components.core.errors import and_list
+from ortpack.components.core.tasks import get_family
+from ortpack.components.core.tasks.family import ReportSpec
+from ortpack.components.core.timing import LoadRecord, load_of, worst_load
+from ortpack.kernel.contracts import get_contract
+from ortpack.kernel.gates import margins
+from ortpack.kernel.hardware import HardwareInfo
+from ortpack.kernel.selection import PREFERENCE, TARGET_PROVIDER, measured_p50, rank_variants
+from ortpack.kernel.targets import TARGETS
 
 if TYPE_CHECKING:
-    from components.core.compat import BaselineCheck
-    from serving.bundle import Variant
+    from ortpack.components.core.compat import BaselineCheck
+    from ortpack.kernel.bundle import Variant
 
 Row = tuple[str, ...]
 _COLOURS = {"pytorch": "#7f7f7f", "fp32": "#1f77b4", "fp16": "#2ca02c", "int8": "#d62728"}
@@ -92,7 +92,7 @@ def shape_label(shape: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class GatedMetric:
     """One number the gate checks: its value, the comparison, the limit and the margin to it
-    (`serving.gates.margins`: negative is a miss)."""
+    (`ortpack.kernel.gates.margins`: negative is a miss)."""
 
     name: str
     value: float
@@ -116,7 +116,7 @@ class GatedMetric:
 
 def gated_metrics(parity: ParityReport) -> list[GatedMetric]:
     """The metrics this variant's gate checks (a threshold is set and the value was measured), in
-    the order of its task's gates (serving/contracts/<task>.py); every other value is a diagnostic."""
+    the order of its task's gates (kernel/contracts/<task>.py); every other value is a diagnostic."""
     gates = get_contract(parity.task).gates
     by_metric = {g.metric: g for g in gates.values()}
     out = []
@@ -230,8 +230,8 @@ def _hardware(recorded: dict[str, Any]) -> HardwareInfo:
 
 def _as_variants(records: Sequence[VariantRecord]) -> list[Variant]:
     """The manifest entries the package step writes for these (passed) variants."""
-    from components.core.package import variant_record
-    from serving.bundle import Variant
+    from ortpack.components.core.package import variant_record
+    from ortpack.kernel.bundle import Variant
 
     return [Variant.model_validate(variant_record(r.built, r.parity, r.benchmark)) for r in records]
 
@@ -308,7 +308,7 @@ def _rank(records: Sequence[VariantRecord], providers: Sequence[str], hardware: 
 def serving_choice(
     records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo, where: str
 ) -> ServingChoice:
-    """Apply the server's ranking (`serving.selection.rank_variants`) to this build's variants on a
+    """Apply the server's ranking (`ortpack.kernel.selection.rank_variants`) to this build's variants on a
     machine with `providers` and `hardware`, and say why each other variant comes later or never."""
     ranking = _rank(records, providers, hardware)
     alternatives = tuple(Alternative(record=r, reason=ranking.why_not(r)) for r in records if r is not ranking.chosen)
@@ -793,7 +793,7 @@ def parity_tables(records: Sequence[VariantRecord]) -> str:
 def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
     """Per int8 variant whose recipe was chosen among several, the table of every candidate
     (components/core/int8_search.py): what each measured, its size and speed, which shipped."""
-    from components.core.int8_search import table
+    from ortpack.components.core.int8_search import table
 
     parts = []
     for rec in records:

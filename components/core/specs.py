@@ -1,8 +1,8 @@
 """Frozen specs: what to export, which variants to build, and the parity thresholds.
 
 Each spec checks its own values in `__post_init__`, the task's options against the task's
-contract (serving/contracts/<task>.py). What only the task family knows (its default gates, its
-int8 recipes) is checked by `components.core.tasks.check_build_spec`, which `build_bundle` and
+contract (kernel/contracts/<task>.py). What only the task family knows (its default gates, its
+int8 recipes) is checked by `ortpack.components.core.tasks.check_build_spec`, which `build_bundle` and
 the command line run before any heavy work: this module does not import the families. Nothing
 here imports torch or onnxruntime.
 """
@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from components.core.errors import InvalidSpecError, and_list, did_you_mean
-from serving.contracts import TaskOptions, UnknownTaskError, contract_names, get_contract
-from serving.gates import GateTable, gate
-from serving.targets import PRECISIONS, TARGETS, Target  # the target table; importable from here too
+from ortpack.components.core.errors import InvalidSpecError, and_list, did_you_mean
+from ortpack.kernel.contracts import TaskOptions, UnknownTaskError, contract_names, get_contract
+from ortpack.kernel.gates import GateTable, gate
+from ortpack.kernel.targets import PRECISIONS, TARGETS, Target  # the target table; importable from here too
 
 
 def get_target(name: str) -> Target:
@@ -90,7 +90,7 @@ T = TypeVar("T", bound=TaskOptions)
 
 
 def task_options(task: str, given: Mapping[str, Any] | TaskOptions) -> TaskOptions:
-    """The task's typed options (its contract's model, serving/contracts/<task>.py) from `given`;
+    """The task's typed options (its contract's model, kernel/contracts/<task>.py) from `given`;
     an unknown task, an option the task does not read or a bad value is one InvalidSpecError."""
     try:
         kind = get_contract(task).options
@@ -156,7 +156,7 @@ class ExportSpec:
 @dataclass(frozen=True)
 class ParityThresholds:
     """The gate one variant must pass: a limit for some of its task's thresholds (`gates`, the
-    task's table: serving/contracts/<task>.py); a threshold without a limit is not gated (its
+    task's table: kernel/contracts/<task>.py); a threshold without a limit is not gated (its
     metric is still logged). Each task family gives its defaults per precision
     (components/core/tasks/)."""
 
@@ -191,7 +191,7 @@ class ParityThresholds:
         return ParityThresholds(self.gates, {k: v for k, v in limits.items() if v is not None})
 
     def misses(self, values: Mapping[str, float]) -> list[str]:
-        """Every limit `values` miss (serving.gates.gate)."""
+        """Every limit `values` miss (ortpack.kernel.gates.gate)."""
         return gate(values, self.limits, self.gates)
 
 
@@ -237,7 +237,7 @@ class BuildSpec:
     int8_recipe: str | None = None
 
     def __post_init__(self) -> None:
-        # the int8 recipe and every variant's gate: components.core.tasks.check_build_spec
+        # the int8 recipe and every variant's gate: ortpack.components.core.tasks.check_build_spec
         if not self.variants:
             raise InvalidSpecError("no variants to build")
         if self.int8_recipe and all(v.precision != "int8" for v in self.variants):

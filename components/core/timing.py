@@ -21,7 +21,7 @@ from types import TracebackType
 
 import numpy as np
 
-from serving.hardware import this_machine
+from ortpack.kernel.hardware import this_machine
 
 Timer = Callable[[], float]  # makes one timed call, returns its milliseconds
 

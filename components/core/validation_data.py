@@ -16,7 +16,7 @@ import numpy as np
 def validation_sentences() -> tuple[str, ...]:
     """560+ varied sentences: many topics and languages, punctuation, empty-ish strings, and
     paragraphs longer than 256 tokens (they test truncation)."""
-    text = resources.files("components.core").joinpath("data/validation_sentences.jsonl").read_text("utf-8")
+    text = resources.files("ortpack.components.core").joinpath("data/validation_sentences.jsonl").read_text("utf-8")
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
@@ -26,7 +26,7 @@ def retrieval_queries() -> tuple[str, ...]:
     the queries of `ortpack bundle diff`'s retrieval set (whose documents are the validation
     sentences), the first 64 also the int8 search's (tasks/text_embedding.py SEARCH_QUERIES), and
     the benchmarks' short inputs (bench/serve_load.py)."""
-    text = resources.files("components.core").joinpath("data/retrieval_queries.jsonl").read_text("utf-8")
+    text = resources.files("ortpack.components.core").joinpath("data/retrieval_queries.jsonl").read_text("utf-8")
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
@@ -284,7 +284,7 @@ def read_image_files(directory: str, what: str) -> list[tuple[str, bytes]]:
 
     from PIL import Image
 
-    from components.core.errors import InvalidSpecError
+    from ortpack.components.core.errors import InvalidSpecError
 
     root = Path(directory).expanduser()
     if not root.is_dir():

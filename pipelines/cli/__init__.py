@@ -33,10 +33,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from components.core.errors import one_line
-from pipelines.cli import bundle, pipeline, steps
-from pipelines.cli.common import EXIT_ENV, EXIT_GATE, EXIT_INPUT, EXIT_INTERNAL, log
-from pipelines.cli.pipeline import _print_compatibility
+from ortpack.components.core.errors import one_line
+from ortpack.pipelines.cli import bundle, pipeline, steps
+from ortpack.pipelines.cli.common import EXIT_ENV, EXIT_GATE, EXIT_INPUT, EXIT_INTERNAL, log
+from ortpack.pipelines.cli.pipeline import _print_compatibility
 
 __all__ = ["_print_compatibility", "build_parser", "main"]
 
@@ -73,7 +73,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command with its flags: each command module adds its own (`add_commands`)."""
-    from serving import __version__
+    from ortpack import __version__
 
     parser = _Parser(
         prog="ortpack",
@@ -123,7 +123,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _report(exc: Exception) -> int:
-    from components.core.errors import OrtpackError, ParityError
+    from ortpack.components.core.errors import OrtpackError, ParityError
 
     message = one_line(exc)
     if isinstance(exc, ParityError):

@@ -1,7 +1,7 @@
-"""`python -m pipelines.cli`: the `ortpack` command line."""
+"""`python -m ortpack.pipelines.cli`: the `ortpack` command line."""
 
 import sys
 
-from pipelines.cli import main
+from ortpack.pipelines.cli import main
 
 sys.exit(main())

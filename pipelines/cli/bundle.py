@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import one_line
-from pipelines.cli.common import existing_dir, log
-from pipelines.cli.options import add_command
+from ortpack.components.core.errors import one_line
+from ortpack.pipelines.cli.common import existing_dir, log
+from ortpack.pipelines.cli.options import add_command
 
 REQUIRE_ENV = "ORTPACK_REQUIRE"  # `bundle verify --require`'s default, as ortpack-serve reads it
 
@@ -138,8 +138,8 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_bundle_verify(args: argparse.Namespace) -> int:
-    from serving.bundle import embedding_space, verify_bundle
-    from serving.policy import admit, parse_requirements, split_expressions
+    from ortpack.kernel.bundle import embedding_space, verify_bundle
+    from ortpack.kernel.policy import admit, parse_requirements, split_expressions
 
     expressions = args.require if args.require is not None else split_expressions(os.environ.get(REQUIRE_ENV, ""))
     policy = parse_requirements(expressions)  # a malformed expression fails before any work
@@ -148,7 +148,7 @@ def cmd_bundle_verify(args: argparse.Namespace) -> int:
     size = sum(f.bytes for f in manifest.files.values())
     signed = ""
     if args.trust_key:
-        from serving.signing import verify_signature
+        from ortpack.kernel.signing import verify_signature
 
         signature = verify_signature(bundle, Path(args.trust_key))
         signed = f", signature verified ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})"
@@ -176,16 +176,16 @@ def cmd_bundle_check(args: argparse.Namespace) -> int:
     """The serving node's start-up check as a deploy job's pre-flight: verify the bundle, then
     replay its probe set through the variant (`auto`: the one a server would pick, falling back
     as it would) on this machine, and apply the variant's gate."""
-    from components.core.errors import InvalidSpecError, ParityError, did_you_mean
-    from serving.bundle import read_manifest
-    from serving.config import ServeConfig
-    from serving.hardware import this_machine
-    from serving.metrics import Metrics
-    from serving.service import NodeCheckError, load_service
+    from ortpack.components.core.errors import InvalidSpecError, ParityError, did_you_mean
+    from ortpack.kernel.bundle import read_manifest
+    from ortpack.kernel.hardware import this_machine
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import NodeCheckError, load_service
 
     bundle = existing_dir(str(_bundle_dir(args.bundle)), "bundle")
     if args.trust_key:
-        from serving.signing import verify_signature
+        from ortpack.kernel.signing import verify_signature
 
         verify_signature(bundle, Path(args.trust_key))
     if args.variant != "auto":
@@ -219,8 +219,8 @@ def cmd_bundle_diff(args: argparse.Namespace) -> int:
     unreachable source too: a CI job must never read it as a verdict)."""
     import json
 
-    from components.core.compat import DiffSpec, diff_bundles, read_texts
-    from components.core.errors import InvalidSpecError, OrtpackError
+    from ortpack.components.core.compat import DiffSpec, diff_bundles, read_texts
+    from ortpack.components.core.errors import InvalidSpecError, OrtpackError
 
     try:
         spec = DiffSpec(
@@ -243,7 +243,7 @@ def _bundle_uri(value: str) -> str:
 
 
 def _warn_unchecked_signature(bundle: Path) -> None:
-    from serving.signing import has_signature
+    from ortpack.kernel.signing import has_signature
 
     if has_signature(bundle):
         log.warning("the bundle's signature (model.sig) was not checked: pass --trust-key PUB.pem to verify it")
@@ -252,7 +252,7 @@ def _warn_unchecked_signature(bundle: Path) -> None:
 
 
 def cmd_bundle_sign(args: argparse.Namespace) -> int:
-    from serving.signing import sign_bundle
+    from ortpack.kernel.signing import sign_bundle
 
     password = os.environ.get(args.key_password_env) if args.key_password_env else None
     signature = sign_bundle(_bundle_dir(args.bundle), Path(args.key), password=password)
@@ -261,18 +261,18 @@ def cmd_bundle_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_push(args: argparse.Namespace) -> int:
-    from components.core.errors import InvalidSpecError
-    from serving.oci import push_bundle
+    from ortpack.components.core.errors import InvalidSpecError
+    from ortpack.kernel.oci import push_bundle
 
     bundle = _bundle_dir(args.bundle)
     if args.trust_key:
-        from serving.signing import verify_signature
+        from ortpack.kernel.signing import verify_signature
 
         verify_signature(bundle, Path(args.trust_key))
     if args.modelcar_base and not args.modelcar:
         raise InvalidSpecError("--modelcar-base applies only with --modelcar")
     if args.modelcar:
-        from serving.oci import push_modelcar
+        from ortpack.kernel.oci import push_modelcar
 
         if not args.modelcar_base:
             log.warning(
@@ -289,15 +289,15 @@ def cmd_bundle_push(args: argparse.Namespace) -> int:
 def cmd_bundle_pull(args: argparse.Namespace) -> int:
     import shutil
 
-    from serving.bundle import verify_bundle
-    from serving.oci import pull_bundle
+    from ortpack.kernel.bundle import verify_bundle
+    from ortpack.kernel.oci import pull_bundle
 
     out = Path(args.out)
     pinned = pull_bundle(args.reference, out)
     try:
         manifest = verify_bundle(out)
         if args.trust_key:
-            from serving.signing import verify_signature
+            from ortpack.kernel.signing import verify_signature
 
             verify_signature(out, Path(args.trust_key))
         else:
@@ -312,13 +312,13 @@ def cmd_bundle_pull(args: argparse.Namespace) -> int:
 def _bundle_dir(value: str) -> Path:
     """The bundle directory an argument names: the directory itself, or its manifest.json (the
     folder holding it is meant). Any other file is refused: a bundle is a directory."""
-    from serving.bundle import MANIFEST_NAME
+    from ortpack.kernel.bundle import MANIFEST_NAME
 
     path = Path(value)
     if path.name == MANIFEST_NAME and not path.is_dir():
         return path.parent
     if path.is_file():
-        from components.core.errors import InvalidSpecError
+        from ortpack.components.core.errors import InvalidSpecError
 
         raise InvalidSpecError(f"{value} is a file: give the bundle directory (the folder holding {MANIFEST_NAME})")
     return path

@@ -15,7 +15,7 @@ def existing_dir(value: str, what: str) -> Path:
     """The directory an option names, which must exist (`what`: the error's word for it)."""
     path = Path(value)
     if not path.is_dir():
-        from components.core.errors import InvalidSpecError
+        from ortpack.components.core.errors import InvalidSpecError
 
         raise InvalidSpecError(f"{what} directory not found: {value}")
     return path
@@ -23,7 +23,7 @@ def existing_dir(value: str, what: str) -> Path:
 
 def fresh_dir(path: Path, force: bool) -> Path:
     """An output directory to create: refused when it exists, unless `force` (then removed first)."""
-    from components.core.errors import InvalidSpecError
+    from ortpack.components.core.errors import InvalidSpecError
 
     if path.exists():
         if not force:

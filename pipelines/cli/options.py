@@ -54,7 +54,7 @@ OPTION_FLAGS = (
 def _task_options(args: argparse.Namespace) -> dict[str, Any]:
     """The task options given: their own flags, then `--task-option KEY=VALUE` (VALUE read as
     JSON when it parses, else as a string); the task's contract checks them (`export_parameters`)."""
-    from components.core.errors import InvalidSpecError
+    from ortpack.components.core.errors import InvalidSpecError
 
     given = {key: getattr(args, key) for key in OPTION_FLAGS if getattr(args, key, None) is not None}
     for item in getattr(args, "task_option", None) or []:
@@ -72,12 +72,12 @@ def _task_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[str, Any]:
-    """The export parameters of a command's model options (components.core.build: one mapping
+    """The export parameters of a command's model options (ortpack.components.core.build: one mapping
     from options to specs, shared with the pipeline's export step). `local`: directories of photos
     must exist here, and are named by absolute path (steps may run in another directory)."""
-    from components.core.build import export_parameters
-    from components.core.errors import InvalidSpecError
-    from serving.contracts import get_contract
+    from ortpack.components.core.build import export_parameters
+    from ortpack.components.core.errors import InvalidSpecError
+    from ortpack.kernel.contracts import get_contract
 
     params = export_parameters(
         task=args.task,
@@ -99,10 +99,10 @@ def model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[st
 def export_spec(args: argparse.Namespace) -> Any:
     """The ExportSpec of a command's model options, for a model and files on this machine
     (validated: bad values fail here, before work)."""
-    from components.core.build import export_spec_from_parameters
-    from components.core.sources import check_local_file
-    from components.core.tasks import resolve_model_source
-    from serving.contracts import get_contract
+    from ortpack.components.core.build import export_spec_from_parameters
+    from ortpack.components.core.sources import check_local_file
+    from ortpack.components.core.tasks import resolve_model_source
+    from ortpack.kernel.contracts import get_contract
 
     params = model_parameters(args)
     options = params["task_options"]
@@ -119,7 +119,7 @@ def csv_list(value: str) -> list[str]:
 
 
 def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    from components.core.specs import parse_threshold_overrides
+    from ortpack.components.core.specs import parse_threshold_overrides
 
     return parse_threshold_overrides(args.threshold)
 
@@ -139,7 +139,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
-    from serving.contracts import DEFAULT_TASK, contract_names
+    from ortpack.kernel.contracts import DEFAULT_TASK, contract_names
 
     if required:
         p.add_argument(
@@ -192,7 +192,7 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         "--task-option",
         action="append",
         metavar="KEY=VALUE",
-        help="any option of the task, by its name in the task's contract (serving/contracts/<task>.py), "
+        help="any option of the task, by its name in the task's contract (kernel/contracts/<task>.py), "
         "e.g. max_length=128; VALUE is read as JSON when it parses (repeatable)",
     )
     p.add_argument(
@@ -255,16 +255,16 @@ def add_thresholds(p: argparse.ArgumentParser) -> None:
 
 
 def _threshold_names() -> list[str]:
-    """Every task's threshold names (serving/contracts/<task>.py), as `task: a, b`."""
-    from serving.contracts import contract_names, get_contract
+    """Every task's threshold names (kernel/contracts/<task>.py), as `task: a, b`."""
+    from ortpack.kernel.contracts import contract_names, get_contract
 
     return [f"{task}: {' '.join(get_contract(task).gates)}" for task in contract_names()]
 
 
 def add_graph(p: argparse.ArgumentParser) -> None:
     """Options that shape the compiled YAML (`compile` and `submit` share them)."""
-    from components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
-    from pipelines.defaults import GPU_TIMEOUT_S, MODEL_MOUNT
+    from ortpack.components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
+    from ortpack.pipelines.defaults import GPU_TIMEOUT_S, MODEL_MOUNT
 
     p.add_argument(
         "--component-image",
@@ -297,7 +297,7 @@ def add_graph(p: argparse.ArgumentParser) -> None:
 
 
 def add_baseline(p: argparse.ArgumentParser) -> None:
-    from pipelines.defaults import COMPATIBILITY_BUDGET
+    from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET
 
     p.add_argument(
         "--baseline-bundle",

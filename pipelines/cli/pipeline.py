@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from components.core.errors import one_line
-from pipelines.cli.common import EXIT_GATE, log
-from pipelines.cli.options import (
+from ortpack.components.core.errors import one_line
+from ortpack.pipelines.cli.common import EXIT_GATE, log
+from ortpack.pipelines.cli.options import (
     add_baseline,
     add_command,
     add_graph,
@@ -22,9 +22,9 @@ from pipelines.cli.options import (
     add_variants,
     csv_list,
 )
-from pipelines.cli.pipeline_arguments import checked_spec, graph_options, pipeline_arguments
+from ortpack.pipelines.cli.pipeline_arguments import checked_spec, graph_options, pipeline_arguments
 
-DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"  # pipelines.submit.DEFAULT_PIPELINE_ROOT
+DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"  # ortpack.pipelines.submit.DEFAULT_PIPELINE_ROOT
 
 
 def add_commands(sub: Any) -> None:
@@ -111,7 +111,7 @@ def add_commands(sub: Any) -> None:
 
 
 def _print_published(run_dir: Path) -> None:
-    from pipelines.local import published_uri
+    from ortpack.pipelines.local import published_uri
 
     uri = published_uri(run_dir)
     if uri:
@@ -120,7 +120,7 @@ def _print_published(run_dir: Path) -> None:
 
 def _print_compatibility(run_dir: Path) -> None:
     """The verdict against the baseline bundle, in one line, when the run compared with one."""
-    from pipelines.local import run_verdict
+    from ortpack.pipelines.local import run_verdict
 
     verdict = run_verdict(run_dir)
     if verdict is not None and verdict.compatibility:
@@ -128,12 +128,12 @@ def _print_compatibility(run_dir: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from components.core.errors import InvalidSpecError
-    from components.core.report import format_summary
+    from ortpack.components.core.errors import InvalidSpecError
+    from ortpack.components.core.report import format_summary
 
     targets, arguments, name = pipeline_arguments(args, local=True)  # before kfp's import: refusals are quick
-    from pipelines.local import load_run_records, run_pipeline_locally
-    from pipelines.package_model import make_pipeline
+    from ortpack.pipelines.local import load_run_records, run_pipeline_locally
+    from ortpack.pipelines.package_model import make_pipeline
 
     run_id = uuid.uuid4().hex[:12]
     if args.sign_key:
@@ -146,9 +146,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidSpecError(f"output directory exists: {out} (use --force to replace it, or --out)")
     runner, image = None, None
     if args.runner == "docker":
-        from components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
-        from pipelines.local import docker_runner, stage_local_inputs
-        from serving.contracts import get_contract
+        from ortpack.components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
+        from ortpack.kernel.contracts import get_contract
+        from ortpack.pipelines.local import docker_runner, stage_local_inputs
 
         try:
             image = check_image(args.component_image or os.environ.get(IMAGE_ENV) or COMPONENT_IMAGE)
@@ -184,7 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     finally:
         if runner is not None:
-            from pipelines.local import remove_run_containers
+            from ortpack.pipelines.local import remove_run_containers
 
             remove_run_containers(run_id)
     export, records = load_run_records(result.run_dir)
@@ -197,8 +197,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from components.core.specs import get_target
-    from pipelines.golden import compile_pipeline
+    from ortpack.components.core.specs import get_target
+    from ortpack.pipelines.golden import compile_pipeline
 
     targets = csv_list(args.targets)
     for t in targets:
@@ -211,7 +211,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def _read_params(path: str) -> dict[str, Any]:
     import yaml
 
-    from components.core.errors import InvalidSpecError
+    from ortpack.components.core.errors import InvalidSpecError
 
     try:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -225,13 +225,13 @@ def _read_params(path: str) -> dict[str, Any]:
 def cmd_submit(args: argparse.Namespace) -> int:
     import tempfile
 
-    from components.core.errors import InvalidSpecError
+    from ortpack.components.core.errors import InvalidSpecError
 
     targets, arguments, name = pipeline_arguments(args, local=False)  # before kfp's import: refusals are quick
     options = graph_options(args, targets)
-    from pipelines.golden import compile_pipeline, pipeline_parameters
-    from pipelines.package_model import PIPELINE_NAME, SIGNING_KEY
-    from pipelines.submit import find_bundle, follow_run, pinned_publish_uri, submit_run
+    from ortpack.pipelines.golden import compile_pipeline, pipeline_parameters
+    from ortpack.pipelines.package_model import PIPELINE_NAME, SIGNING_KEY
+    from ortpack.pipelines.submit import find_bundle, follow_run, pinned_publish_uri, submit_run
 
     arguments.update(credentials_secret=args.secret, signing_secret=args.signing_secret)
     if args.sign:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving.http import RouteSpec, json_response, service_of
+from ortpack.serving.http import RouteSpec, json_response, service_of
 
 
 async def list_models(request: Request) -> Response:

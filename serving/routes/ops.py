@@ -11,11 +11,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serving import __version__
-from serving.http import RouteSpec, json_response
-from serving.openapi import docs_html
-from serving.routes import v2
-from serving.service import model_service
+from ortpack import __version__
+from ortpack.serving.http import RouteSpec, json_response
+from ortpack.serving.openapi import docs_html
+from ortpack.serving.routes import v2
+from ortpack.serving.service import model_service
 
 LINKS = {"docs": "/docs", "openapi": "/openapi.json", "metrics": "/metrics", "ready": "/v2/health/ready"}
 

@@ -13,8 +13,8 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving import __version__
-from serving.binary_tensors import (
+from ortpack import __version__
+from ortpack.serving.binary_tensors import (
     EXTENSION,
     HEADER_LENGTH,
     attach_binary_inputs,
@@ -22,8 +22,8 @@ from serving.binary_tensors import (
     header_length,
     wants_binary,
 )
-from serving.errors import InvalidRequestError, NotReadyError
-from serving.http import (
+from ortpack.serving.errors import InvalidRequestError, NotReadyError
+from ortpack.serving.http import (
     RouteSpec,
     check_model,
     config_of,
@@ -35,7 +35,7 @@ from serving.http import (
     space_headers,
     stage,
 )
-from serving.service import model_service
+from ortpack.serving.service import model_service
 
 
 async def server_metadata(request: Request) -> Response:

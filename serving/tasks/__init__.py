@@ -2,7 +2,7 @@
 schemas, backend, warm-up shapes, probe check and Open Inference Protocol tensors.
 
 A task module defines a `ServingTask` named `TASK` (the contract: serving/tasks/contract.py); its
-task contract (serving/contracts/<task>.py) names the module, so the registry of tasks is the
+task contract (kernel/contracts/<task>.py) names the module, so the registry of tasks is the
 contracts' (no import side effects: a plugin is imported when its task is served). Everything
 outside `serving/tasks/` asks the task of the bundle through this interface and never compares
 task names.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from serving.contracts import UnknownTaskError, contract_names, get_contract
-from serving.tasks.contract import LoadContext, Prepare, ServingTask, TaskRuntime
+from ortpack.kernel.contracts import UnknownTaskError, contract_names, get_contract
+from ortpack.serving.tasks.contract import LoadContext, Prepare, ServingTask, TaskRuntime
 
 __all__ = ["LoadContext", "Prepare", "ServingTask", "TaskRuntime", "get_task", "task_names"]
 

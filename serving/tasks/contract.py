@@ -1,5 +1,5 @@
 """The serving task contract: what a task plugin (serving/tasks/<task>.py) defines and what the
-server calls. The registry that maps a bundle's task to its plugin is `serving.tasks` (the
+server calls. The registry that maps a bundle's task to its plugin is `ortpack.serving.tasks` (the
 package); plugins import this module, never the package, so no import runs in a circle."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from serving.bundle import Manifest, Variant
-    from serving.config import ServeConfig
-    from serving.http import RouteSpec
+    from ortpack.kernel.bundle import Manifest, Variant
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.http import RouteSpec
 
 Prepare = Callable[[Sequence[Any]], list[Any]]
 
@@ -33,7 +33,7 @@ class LoadContext:
 class TaskRuntime(Protocol):
     """One loaded variant of one task, as the server uses it."""
 
-    backend: Any  # serving.backend.Backend: run(payloads) -> rows
+    backend: Any  # ortpack.kernel.backend.Backend: run(payloads) -> rows
     batching: str  # how it batches, for the start-up line
     output_name: str
     output_dim: int
@@ -90,7 +90,7 @@ class ServingTask:
     # (the task's typed manifest section: tokenizer, preprocessing...; shared files by path) -> prepare
     probe_prepare: Callable[[Any, dict[str, bytes]], Prepare]
     # (session, the task's manifest section, the output's width) -> the backend that runs
-    # batches (serving.backend.Backend)
+    # batches (ortpack.kernel.backend.Backend)
     backend: Callable[[Any, Any, int], Any]
     # (reference rows, candidate rows, probe inputs) -> the gated metrics a probe can measure
     probe_metrics: Callable[[np.ndarray, np.ndarray, Sequence[Any]], dict[str, float]]

@@ -4,7 +4,7 @@
 
 Images are decoded off the event loop on a pool of decode threads (one per model worker; Pillow
 releases the GIL), with the decode mode the bundle's parity gate validated for the served
-variant (serving/images.py); the graph resizes, crops and normalises. Images of one size share a
+variant (kernel/images.py); the graph resizes, crops and normalises. Images of one size share a
 batch (the bucket is the size), and a batch also stops at --max-batch-pixels. The JSON request
 and the answers are the pydantic models below: the same models parse requests and write the
 OpenAPI schemas.
@@ -23,13 +23,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving.bodies import PositiveInt, component_schemas, read_body_as, worded
-from serving.contracts.image_classification import ImageClassificationSettings
-from serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
-from serving.gates import probability_metrics
-from serving.http import RouteSpec, config_of, json_response, read_body, service_of
-from serving.images import DECODE_MODES, ImageDecoder, decode_base64, decode_settings, reduced_decode_evidence, top_k
-from serving.tasks.contract import LoadContext, Prepare, ServingTask
+from ortpack.kernel.contracts.image_classification import ImageClassificationSettings
+from ortpack.kernel.gates import probability_metrics
+from ortpack.kernel.images import (
+    DECODE_MODES,
+    ImageDecoder,
+    decode_base64,
+    decode_settings,
+    reduced_decode_evidence,
+    top_k,
+)
+from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
+from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from ortpack.serving.http import RouteSpec, config_of, json_response, read_body, service_of
+from ortpack.serving.tasks.contract import LoadContext, Prepare, ServingTask
 
 log = logging.getLogger("ortpack.serve")
 

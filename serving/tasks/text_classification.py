@@ -23,14 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving.backend import TextClassifierBackend
-from serving.bodies import PositiveInt, component_schemas, read_body_as, worded
-from serving.contracts.text_classification import TextClassificationSettings
-from serving.errors import InvalidRequestError, PayloadTooLargeError
-from serving.gates import probability_metrics, rank_agreement
-from serving.http import RouteSpec, check_model, json_response, service_of
-from serving.tasks.contract import LoadContext, ServingTask
-from serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
+from ortpack.kernel.backend import TextClassifierBackend
+from ortpack.kernel.contracts.text_classification import TextClassificationSettings
+from ortpack.kernel.gates import probability_metrics, rank_agreement
+from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
+from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
+from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
+from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
 
 # ---------------------------------------------------------------- requests and answers
 

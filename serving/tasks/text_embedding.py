@@ -15,14 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving.backend import TextEmbeddingBackend
-from serving.bodies import component_schemas, read_body_as
-from serving.contracts.text_embedding import TextEmbeddingSettings
-from serving.errors import InvalidRequestError, PayloadTooLargeError
-from serving.gates import embedding_metrics
-from serving.http import RouteSpec, check_model, json_response, service_of, space_headers
-from serving.tasks.contract import LoadContext, ServingTask
-from serving.text import (
+from ortpack.kernel.backend import TextEmbeddingBackend
+from ortpack.kernel.contracts.text_embedding import TextEmbeddingSettings
+from ortpack.kernel.gates import embedding_metrics
+from ortpack.serving.bodies import component_schemas, read_body_as
+from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
+from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
+from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.text import (
     Encoded,
     TextEncoder,
     TextsOrTokens,

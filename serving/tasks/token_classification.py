@@ -21,13 +21,13 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving.backend import TextEmbeddingBackend
-from serving.bodies import component_schemas, read_body_as
-from serving.contracts.token_classification import PAD, TokenClassificationSettings, token_metrics
-from serving.errors import PayloadTooLargeError
-from serving.http import RouteSpec, check_model, json_response, service_of
-from serving.tasks.contract import LoadContext, ServingTask
-from serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
+from ortpack.kernel.backend import TextEmbeddingBackend
+from ortpack.kernel.contracts.token_classification import PAD, TokenClassificationSettings, token_metrics
+from ortpack.serving.bodies import component_schemas, read_body_as
+from ortpack.serving.errors import PayloadTooLargeError
+from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
+from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
 
 INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.core.build import build_bundle
-from components.core.errors import InvalidSpecError, NoVariantPassedError
-from components.core.package import package_dirs
-from components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
-from serving.bundle import verify_bundle
+from ortpack.components.core.build import build_bundle
+from ortpack.components.core.errors import InvalidSpecError, NoVariantPassedError
+from ortpack.components.core.package import package_dirs
+from ortpack.components.core.specs import BuildSpec, ExportSpec, parse_threshold_overrides, variant_grid
+from ortpack.kernel.bundle import verify_bundle
 
 
 def test_contract_components_write_serving_reads(tiny_bundle: Path, tiny_export: Path) -> None:
-    """The bundle the components write is one `serving.bundle` reads, verifies and can run."""
+    """The bundle the components write is one `ortpack.kernel.bundle` reads, verifies and can run."""
     import onnxruntime as ort
 
     manifest = verify_bundle(tiny_bundle)
@@ -56,9 +56,9 @@ def test_missed_variant_is_dropped_with_its_numbers(
 ) -> None:
     import shutil
 
-    from components.core.artifacts import ParityReport
-    from components.core.parity import validate_variant
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.artifacts import ParityReport
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.tasks import thresholds_for
 
     strict = tmp_path / "cpu-int8"
     shutil.copytree(tiny_variants["cpu-int8"], strict)
@@ -102,8 +102,8 @@ def test_existing_output_is_refused_before_any_work(tiny_bert: Path, tmp_path: P
 def test_downloads_retry_only_when_the_store_is_unreachable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The export step's downloads: an unreachable store is tried again (FETCH_ATTEMPTS), a
     refused source fails at the first try (the step itself is never retried by the pipeline)."""
-    from components.core import build, sources
-    from components.core.errors import SourceError, SourceUnreachableError
+    from ortpack.components.core import build, sources
+    from ortpack.components.core.errors import SourceError, SourceUnreachableError
 
     calls: list[str] = []
 

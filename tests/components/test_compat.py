@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.bundle import BundleError, embedding_space, read_manifest, space_id
+from ortpack.kernel.bundle import BundleError, embedding_space, read_manifest, space_id
 from tests.cli import ortpack
 from tests.models import build_tiny_bundle
 from tests.servers import free_port, running_server
@@ -135,7 +135,7 @@ def test_a_space_id_that_does_not_match_its_fields_is_refused(tiny_bundle: Path,
 def test_the_same_model_is_a_drop_in(tiny_bundle: Path, rebuilt: Path) -> None:
     """Two builds of one checkpoint: the same spaces, so each is embedded once and the numbers are
     exact (test_the_command_exits_with_its_verdict compares across precisions, where they are not)."""
-    from components.core.compat import diff_bundles
+    from ortpack.components.core.compat import diff_bundles
 
     result = diff_bundles(str(tiny_bundle), str(rebuilt))
     assert result.verdict == "drop-in" and result.exit_code == 0
@@ -149,7 +149,7 @@ def test_the_same_model_is_a_drop_in(tiny_bundle: Path, rebuilt: Path) -> None:
 
 
 def test_other_weights_need_a_new_index(tiny_bundle: Path, reseeded: Path) -> None:
-    from components.core.compat import diff_bundles
+    from ortpack.components.core.compat import diff_bundles
 
     result = diff_bundles(str(tiny_bundle), str(reseeded))
     assert result.verdict == "re-index" and result.exit_code == 3
@@ -160,14 +160,14 @@ def test_other_weights_need_a_new_index(tiny_bundle: Path, reseeded: Path) -> No
     assert numbers["mean_cosine"] < 0.9 and numbers["neighbour_agreement"] < 0.9
     assert "below the 0.95 budget" in pair.reason
     # a budget the cross-space recall reaches turns the same numbers into a drop-in
-    from components.core.compat import DiffSpec
+    from ortpack.components.core.compat import DiffSpec
 
     lenient = diff_bundles(str(tiny_bundle), str(reseeded), DiffSpec(budget=max(numbers["recall_ratio"], 0.001)))
     assert lenient.verdict == "drop-in"
 
 
 def test_another_width_is_incompatible_without_running_anything(tiny_bundle: Path, narrow: Path) -> None:
-    from components.core.compat import diff_bundles
+    from ortpack.components.core.compat import diff_bundles
 
     result = diff_bundles(str(tiny_bundle), str(narrow))
     assert result.verdict == "incompatible" and result.exit_code == 4
@@ -226,7 +226,7 @@ def test_the_command_refuses_bad_input_with_exit_2(
 
 
 def test_own_queries_and_documents(tiny_bundle: Path, tmp_path: Path) -> None:
-    from components.core.compat import DiffSpec, diff_bundles, read_texts
+    from ortpack.components.core.compat import DiffSpec, diff_bundles, read_texts
 
     (tmp_path / "q.jsonl").write_text('"where is my parcel"\n\n"reset my password"\n')
     (tmp_path / "d.txt").write_text("Parcels arrive in three days.\nPasswords are reset by email.\nHello.\n")
@@ -249,7 +249,7 @@ def test_own_queries_and_documents(tiny_bundle: Path, tmp_path: Path) -> None:
     ],
 )
 def test_policy_expressions_parse(text: str, parsed: tuple[object, ...]) -> None:
-    from serving.policy import parse_requirement
+    from ortpack.kernel.policy import parse_requirement
 
     r = parse_requirement(text)
     assert (r.selector, r.metric, r.op, r.value) == parsed
@@ -259,14 +259,14 @@ def test_policy_expressions_parse(text: str, parsed: tuple[object, ...]) -> None
     "text", ["int8.min_cosine=>0.9", "min_cosine>=0.9", "int8.min_cosine>=high", "space=0123", "int8.>=1"]
 )
 def test_malformed_policy_expressions_are_refused(text: str) -> None:
-    from serving.policy import PolicyError, parse_requirement
+    from ortpack.kernel.policy import PolicyError, parse_requirement
 
     with pytest.raises(PolicyError, match="--require"):
         parse_requirement(text)
 
 
 def test_the_policy_option_comes_from_flags_or_the_environment() -> None:
-    from serving.config import ConfigError, parse_config
+    from ortpack.serving.config import ConfigError, parse_config
 
     env = {"ORTPACK_REQUIRE": "int8.min_cosine>=0.9; ;fp32.min_cosine>=0.99"}
     assert parse_config(["--bundle", "b"], env).require == ("int8.min_cosine>=0.9", "fp32.min_cosine>=0.99")

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from components.core.exporters.families import FAMILIES, supported_model_types
+from ortpack.components.core.exporters.families import FAMILIES, supported_model_types
 from tests.servers import running_server
 
 MAX_POSITION = 128  # the tiny checkpoints' max_position_embeddings
@@ -33,11 +33,11 @@ class Built:
 
 
 def _build(model_type: str, root: Path) -> Built:
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
     from tests.models import make_tiny_encoder
 
     checkpoint = make_tiny_encoder(model_type, root / "checkpoint", max_position=MAX_POSITION)
@@ -65,7 +65,7 @@ def test_export_follows_the_family_config(built: Built) -> None:
     import onnx
     from transformers import AutoConfig
 
-    from components.core.artifacts import ExportResult
+    from ortpack.components.core.artifacts import ExportResult
 
     family = FAMILIES[built.model_type]
     config = AutoConfig.from_pretrained(built.checkpoint, trust_remote_code=False)
@@ -95,7 +95,7 @@ def test_export_follows_the_family_config(built: Built) -> None:
 
 
 def test_variants_are_fused_and_pass_their_gates(built: Built) -> None:
-    from components.core.artifacts import OptimizeResult, ParityReport
+    from ortpack.components.core.artifacts import OptimizeResult, ParityReport
 
     family = FAMILIES[built.model_type]
     for precision, vdir in built.variants.items():
@@ -112,8 +112,8 @@ def test_variants_are_fused_and_pass_their_gates(built: Built) -> None:
 
 
 def test_serves_one_embedding(built: Built, tmp_path: Path) -> None:
-    from components.core.benchmark import benchmark_variant
-    from components.core.package import package_dirs
+    from ortpack.components.core.benchmark import benchmark_variant
+    from ortpack.components.core.package import package_dirs
 
     benchmark_variant(built.variants["fp32"], built.export, budget_s=0.05)
     bundle = tmp_path / "bundle"
@@ -137,7 +137,7 @@ def test_serves_one_embedding(built: Built, tmp_path: Path) -> None:
 
 def _export_cli(model: Path, out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "export", "--model", str(model), "--out", str(out)],
+        [sys.executable, "-m", "ortpack.pipelines.cli", "export", "--model", str(model), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -205,9 +205,9 @@ def test_custom_code_is_never_run(model_type: str, fragments: tuple[str, ...], t
 
 def test_weights_of_another_architecture_are_refused(tiny_bert: Path, tmp_path: Path) -> None:
     """Weights that do not fit the config's architecture would load as random values: refused."""
-    from components.core.errors import ModelLoadError
-    from components.core.export import export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.errors import ModelLoadError
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.specs import ExportSpec
     from tests.models import make_tiny_encoder
 
     model = tmp_path / "mismatch"

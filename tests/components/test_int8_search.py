@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from components.core.artifacts import OptimizeResult
-from components.core.int8_search import TIE, choose, ranked
-from components.core.recipes import DYNAMIC_INT8_RECIPES
+from ortpack.components.core.artifacts import OptimizeResult
+from ortpack.components.core.int8_search import TIE, choose, ranked
+from ortpack.components.core.recipes import DYNAMIC_INT8_RECIPES
 
 
 def test_rule_fastest_then_smallest_then_first() -> None:
@@ -62,7 +62,7 @@ def test_every_recipe_is_measured_and_the_rule_picks_the_winner(tiny_variants: d
 
 
 def test_the_manifest_carries_the_search_and_reads_older_records(tiny_bundle: Path) -> None:
-    from serving.bundle import Int8Recipe, verify_bundle
+    from ortpack.kernel.bundle import Int8Recipe, verify_bundle
 
     int8 = verify_bundle(tiny_bundle).variant("cpu-int8").optimize.int8
     assert int8 is not None and int8.recipe in int8.candidates and int8.rule
@@ -73,7 +73,7 @@ def test_the_manifest_carries_the_search_and_reads_older_records(tiny_bundle: Pa
 
 
 def test_the_report_shows_every_candidate(tiny_variants: dict[str, Path]) -> None:
-    from components.core.int8_search import table
+    from ortpack.components.core.int8_search import table
 
     record = OptimizeResult.load(tiny_variants["cpu-int8"]).metrics["int8"]
     rows = table(record)
@@ -97,9 +97,9 @@ def test_no_candidate_within_budget_keeps_the_best_and_the_gate_reports_it(
 ) -> None:
     """A budget nothing meets (Recall@10 above 1): every candidate is measured and misses, the one
     with the best recall ships, and its record says why."""
-    from components.core.optimize import optimize_model
-    from components.core.specs import VariantSpec
-    from components.core.tasks import text_embedding
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.specs import VariantSpec
+    from ortpack.components.core.tasks import text_embedding
 
     monkeypatch.setattr(text_embedding, "SEARCH_MIN_RECALL", 1.01)
     optimize_model(tiny_export, VariantSpec(target="cpu", precision="int8"), tmp_path / "int8")
@@ -118,9 +118,9 @@ def test_a_pinned_recipe_is_built_alone_and_recorded(tiny_export: Path, tmp_path
     Pinning the recipe of an earlier search rebuilds that graph: the same bytes."""
     import onnx
 
-    from components.core.optimize import optimize_model
-    from components.core.recipes import PINNED_RULE, dynamic_recipe_names
-    from components.core.specs import VariantSpec
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.recipes import PINNED_RULE, dynamic_recipe_names
+    from ortpack.components.core.specs import VariantSpec
 
     int8 = VariantSpec(target="cpu", precision="int8")
     built = {}
@@ -149,8 +149,8 @@ def test_a_pinned_recipe_is_built_alone_and_recorded(tiny_export: Path, tmp_path
 
 
 def test_recipe_names_are_checked_per_task() -> None:
-    from components.core.errors import InvalidSpecError
-    from components.core.tasks import check_int8_recipe
+    from ortpack.components.core.errors import InvalidSpecError
+    from ortpack.components.core.tasks import check_int8_recipe
 
     check_int8_recipe("image-classification", "u8-pointwise")
     check_int8_recipe("text-classification", "per-channel+int8-embeddings")

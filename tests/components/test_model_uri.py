@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from components.core.errors import SourceError, SourceUnreachableError
-from components.core.sources import (
+from ortpack.components.core.errors import SourceError, SourceUnreachableError
+from ortpack.components.core.sources import (
     check_uri,
     default_name,
     fetch_source,
@@ -320,8 +320,8 @@ def test_hf_pickle_only_repository_is_refused(
 def test_export_step_records_the_uri_and_digest(tiny_bert: Path, http_server: str, tmp_path: Path) -> None:
     """The export step downloads a checkpoint tar over HTTP and writes the URI and the content's
     digest into the export record (the manifest's source)."""
-    from components.core.artifacts import ExportResult
-    from components.core.build import export_parameters, run_export_step
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.build import export_parameters, run_export_step
 
     files = {p.relative_to(tiny_bert).as_posix(): p.read_bytes() for p in tiny_bert.rglob("*") if p.is_file()}
     Files.files["/tiny-bert.tar"] = _tar(files, top="tiny-bert")

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from components.core.errors import ExportError
+from ortpack.components.core.errors import ExportError
 
 
 @pytest.fixture(scope="module")
 def cuda_fp16(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cuda fp16 variant of the tiny BERT: GPU fusions, fp16 weights with the pooling block in
     fp32, no ORT-level offline optimization (the path a GPU node serves)."""
-    from components.core.optimize import optimize_model
-    from components.core.specs import VariantSpec
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.specs import VariantSpec
 
     out = tmp_path_factory.mktemp("cuda") / "cuda-fp16"
     optimize_model(tiny_export, VariantSpec(target="cuda", precision="fp16"), out)
@@ -25,7 +25,7 @@ def cuda_fp16(tiny_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def test_fp16_graph_keeps_io_and_pooling_in_fp32(cuda_fp16: Path) -> None:
     import onnx
 
-    from components.core.artifacts import OptimizeResult
+    from ortpack.components.core.artifacts import OptimizeResult
 
     built = OptimizeResult.load(cuda_fp16)
     assert built.offline_optimization_level == "disabled" and built.execution_providers[0] == "CUDAExecutionProvider"
@@ -48,8 +48,8 @@ def test_cuda_variant_checked_on_the_cpu_provider_is_not_validated(
 ) -> None:
     import onnxruntime
 
-    from components.core.parity import validate_variant
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.tasks import thresholds_for
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA provider: the variant is validated on its target here")
@@ -67,10 +67,10 @@ def test_cuda_variant_checked_on_the_cpu_provider_is_not_validated(
 def test_report_marks_off_target_and_degenerate_builds(cuda_fp16: Path, tiny_export: Path, tmp_path: Path) -> None:
     import dataclasses
 
-    from components.core.artifacts import ExportResult, OptimizeResult, VariantRecord
-    from components.core.parity import validate_variant
-    from components.core.report import banners
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.artifacts import ExportResult, OptimizeResult, VariantRecord
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.report import banners
+    from ortpack.components.core.tasks import thresholds_for
 
     report = validate_variant(
         cuda_fp16,
@@ -92,8 +92,8 @@ def test_report_marks_off_target_and_degenerate_builds(cuda_fp16: Path, tiny_exp
 def test_degenerate_reference_is_refused(tmp_path: Path) -> None:
     """torchvision's MobileNetV3 with random weights gives every class ~0.001: refused in one
     line, built only when the user says so."""
-    from components.core.export import MIN_SPREAD, export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.export import MIN_SPREAD, export_model
+    from ortpack.components.core.specs import ExportSpec
 
     spec = ExportSpec(source="mobilenet_v3_small", task="image-classification", name="random")
     with pytest.raises(ExportError, match="reference is degenerate") as caught:
@@ -106,8 +106,8 @@ def test_degenerate_reference_is_refused(tmp_path: Path) -> None:
 
 
 def test_non_degenerate_references_pass(tiny_export: Path) -> None:
-    from components.core.artifacts import ExportResult
-    from components.core.export import MIN_SPREAD
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.export import MIN_SPREAD
 
     export = ExportResult.load(tiny_export)
     assert not export.degenerate_reference and export.metrics["reference_spread"] >= MIN_SPREAD
@@ -121,8 +121,8 @@ def test_cuda_variant_is_validated_on_its_target_where_cuda_exists(
     no off-target flag needed. Never runs on this project's CI (no GPU)."""
     import onnxruntime
 
-    from components.core.parity import validate_variant
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.tasks import thresholds_for
 
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         pytest.skip("needs onnxruntime-gpu with the CUDA provider (no GPU here)")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.core.errors import InvalidSpecError, ModelLoadError
+from ortpack.components.core.errors import InvalidSpecError, ModelLoadError
 from tests import ROOT
 from tests.own_models import TwoInputs, tiny_net
 
@@ -19,8 +19,8 @@ FACTORY = "tests.own_models:tiny_net"
 
 
 def _export(source: str, tmp_path: Path, **options: object) -> object:
-    from components.core.export import export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.specs import ExportSpec
 
     given = {"crop_size": 64, "resize_size": 72, **options}
     spec = ExportSpec(source=source, task="image-classification", name="own", options=given)
@@ -51,9 +51,9 @@ def test_a_factory_with_a_state_dict_builds(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_an_exported_program_builds_and_serves(tmp_path: Path) -> None:
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
-    from serving.bundle import verify_bundle
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.kernel.bundle import verify_bundle
 
     path = _program(tmp_path, tiny_net(), torch.zeros(2, 3, 64, 64))
     spec = BuildSpec(
@@ -118,7 +118,7 @@ def test_a_program_with_the_wrong_signature_is_refused(tmp_path: Path) -> None:
 
 def test_the_cli_refuses_an_unimportable_module_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "build", "--task", "image-classification",
+        [sys.executable, "-m", "ortpack.pipelines.cli", "build", "--task", "image-classification",
          "--model", "nowhere.models:net", "--out", str(tmp_path / "x")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

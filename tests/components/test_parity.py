@@ -9,13 +9,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from components.core.artifacts import ExportResult, OptimizeResult, ParityReport
-from components.core.errors import InvalidSpecError, ParityError
-from components.core.parity import check_parity
-from components.core.specs import ParityThresholds
-from components.core.tasks import thresholds_for
-from serving.contracts.text_embedding import CONTRACT
-from serving.gates import gate, neighbour_overlap
+from ortpack.components.core.artifacts import ExportResult, OptimizeResult, ParityReport
+from ortpack.components.core.errors import InvalidSpecError, ParityError
+from ortpack.components.core.parity import check_parity
+from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.tasks import thresholds_for
+from ortpack.kernel.contracts.text_embedding import CONTRACT
+from ortpack.kernel.gates import gate, neighbour_overlap
 
 EMBEDDING = CONTRACT.gates  # text-embedding's gate table
 
@@ -135,7 +135,7 @@ def test_gate_names_each_miss() -> None:
 
 def test_each_task_gates_only_its_own_thresholds() -> None:
     """A threshold another task gates is refused by name, listing this task's own."""
-    from serving.contracts.image_classification import CONTRACT as IMAGE
+    from ortpack.kernel.contracts.image_classification import CONTRACT as IMAGE
 
     with pytest.raises(InvalidSpecError, match=r"unknown threshold 'min_cosine' \(known: .*min_top1_agreement"):
         ParityThresholds.of(IMAGE.gates, min_cosine=0.9)

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from components.core.exporters.families import FAMILIES
+from ortpack.components.core.exporters.families import FAMILIES
 from tests.servers import running_server
 
 TABLE = 64  # max_position_embeddings of the tiny checkpoints here
@@ -61,7 +61,7 @@ def test_every_padding_offset_family_is_covered() -> None:
 @pytest.mark.parametrize("model_type", PADDING_OFFSET)
 def test_max_positions_is_what_the_implementation_indexes(model_type: str, pad_token_id: int) -> None:
     """The family's limit runs, one token more does not: measured on the module itself."""
-    from components.core.exporters.text_embedding import _position_limit
+    from ortpack.components.core.exporters.text_embedding import _position_limit
 
     module = _tiny_module(model_type, pad_token_id)
     family = FAMILIES[model_type]
@@ -77,7 +77,7 @@ def test_max_positions_is_what_the_implementation_indexes(model_type: str, pad_t
 def test_a_padding_offset_config_without_a_padding_id_is_refused() -> None:
     from transformers import AutoConfig
 
-    from components.core.errors import ExportError
+    from ortpack.components.core.errors import ExportError
 
     config = AutoConfig.for_model("roberta", pad_token_id=None, max_position_embeddings=TABLE)
     with pytest.raises(ExportError, match="pad_token_id None"):
@@ -110,7 +110,7 @@ def test_a_max_length_past_the_table_is_refused_in_one_line(tmp_path: Path) -> N
     checkpoint = _checkpoint("mpnet", 0, tmp_path / "tiny-mpnet")
     args = ["export", "--model", str(checkpoint), "--max-length", str(TABLE - 1), "--out", str(tmp_path / "out")]
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "ortpack.pipelines.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -130,13 +130,13 @@ def test_export_and_server_stay_inside_the_table(model_type: str, pad_token_id: 
     truncates a far longer text there and answers PyTorch's embedding of the truncated input."""
     import onnxruntime as ort
 
-    from components.core.benchmark import benchmark_variant
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.package import package_dirs
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.benchmark import benchmark_variant
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.package import package_dirs
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
 
     checkpoint = _checkpoint(model_type, pad_token_id, tmp_path / f"tiny-{model_type}")
     export = export_model(ExportSpec(source=str(checkpoint), task="text-embedding", name="tiny"), tmp_path / "export")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from components.core.report import (
+from ortpack.components.core.report import (
     format_metric,
     format_ms,
     format_ratio,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.errors import InvalidSpecError
-from components.core.specs import (
+from ortpack.components.core.errors import InvalidSpecError
+from ortpack.components.core.specs import (
     BuildSpec,
     ExportSpec,
     ParityThresholds,
@@ -13,8 +13,8 @@ from components.core.specs import (
     parse_threshold_overrides,
     variant_grid,
 )
-from components.core.tasks import check_build_spec, check_export_spec, thresholds_for
-from serving.contracts.text_embedding import CONTRACT
+from ortpack.components.core.tasks import check_build_spec, check_export_spec, thresholds_for
+from ortpack.kernel.contracts.text_embedding import CONTRACT
 
 
 def test_variant_grid_keeps_only_supported_pairs() -> None:
@@ -110,7 +110,7 @@ def test_threshold_rejects_nan() -> None:
 def test_pipeline_parameters_carry_the_checked_spec_unchanged() -> None:
     """The CLI checks one BuildSpec and passes it to the pipeline as parameters; the export step
     reads the same export spec back, and each target's precisions and the gates travel as given."""
-    from components.core.build import export_spec_from_parameters, pipeline_parameters
+    from ortpack.components.core.build import export_spec_from_parameters, pipeline_parameters
 
     spec = BuildSpec(
         export=ExportSpec(source="/models/minilm", task="text-embedding", name="minilm", options={"max_length": 64}),

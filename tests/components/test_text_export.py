@@ -10,10 +10,10 @@ import onnx
 import pytest
 import torch
 
-from components.core.artifacts import ExportResult
-from components.core.errors import ExportError
-from components.core.exporters.text_embedding import Pooling, read_pooling_config
-from components.core.validation_data import validation_sentences
+from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.errors import ExportError
+from ortpack.components.core.exporters.text_embedding import Pooling, read_pooling_config
+from ortpack.components.core.validation_data import validation_sentences
 
 
 def test_validation_set_is_varied() -> None:
@@ -104,8 +104,8 @@ def test_pooling_config_from_sentence_transformers(tmp_path: Path) -> None:
 def test_cls_pooling_without_normalisation_is_exported(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from components.core.export import export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.specs import ExportSpec
     from tests.models import make_tiny_bert
 
     src = make_tiny_bert(tmp_path / "cls", pooling="cls", normalize=False, seed=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.core.timing import (
+from ortpack.components.core.timing import (
     LOAD_PREFIX,
     LoadRecord,
     LoadSample,
@@ -114,8 +114,8 @@ def test_measure_latency_keeps_its_keys_and_adds_the_load() -> None:
 def test_the_benchmark_times_pytorch_alongside_the_variant_when_given_its_call(
     tiny_export: Path, tiny_variants: dict[str, Path], tmp_path: Path
 ) -> None:
-    from components.core.artifacts import BenchmarkResult, ExportResult
-    from components.core.benchmark import benchmark_variant, torch_p50
+    from ortpack.components.core.artifacts import BenchmarkResult, ExportResult
+    from ortpack.components.core.benchmark import benchmark_variant, torch_p50
 
     export = ExportResult.load(tiny_export)
     result = benchmark_variant(
@@ -137,7 +137,7 @@ def test_the_benchmark_times_pytorch_alongside_the_variant_when_given_its_call(
 
 
 def test_an_old_benchmark_json_without_load_still_loads(tmp_path: Path) -> None:
-    from components.core.artifacts import BenchmarkResult
+    from ortpack.components.core.artifacts import BenchmarkResult
 
     old = {
         "variant_id": "cpu-fp32",

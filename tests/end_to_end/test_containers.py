@@ -47,7 +47,7 @@ SENTENCES = ["A man is playing a guitar.", "The new movie is awesome.", "ortpack
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "ortpack.pipelines.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -186,7 +186,7 @@ def test_serving_container_serves_an_image_bundle(
 
     from PIL import Image
 
-    from components.core.validation_data import ImageSpec, render_image
+    from ortpack.components.core.validation_data import ImageSpec, render_image
 
     buffer = io.BytesIO()
     Image.fromarray(render_image(ImageSpec(height=480, width=640, kind="smooth", seed=3))).save(buffer, "JPEG")

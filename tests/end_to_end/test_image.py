@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from components.core.artifacts import ExportResult, ParityReport
-from components.core.validation_data import ImageSpec, render_image
-from serving.bundle import Manifest, verify_bundle
+from ortpack.components.core.artifacts import ExportResult, ParityReport
+from ortpack.components.core.validation_data import ImageSpec, render_image
+from ortpack.kernel.bundle import Manifest, verify_bundle
 from tests.request_bodies import BODIES, check_answers
 from tests.servers import RunningServer, free_port, running_server
 
@@ -34,8 +34,8 @@ def image_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def image_export(image_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from components.core.export import export_model
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.specs import ExportSpec
 
     out = tmp_path_factory.mktemp("image-export") / "export"
     export_model(
@@ -53,11 +53,11 @@ def image_export(image_weights: Path, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def image_variants(image_export: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """cpu-fp32 and cpu-int8, each optimized, validated and benchmarked (its own directory)."""
-    from components.core.benchmark import benchmark_variant
-    from components.core.optimize import optimize_model
-    from components.core.parity import validate_variant
-    from components.core.specs import VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.benchmark import benchmark_variant
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
 
     root = tmp_path_factory.mktemp("image-variants")
     dirs = {}
@@ -74,7 +74,7 @@ def image_variants(image_export: Path, tmp_path_factory: pytest.TempPathFactory)
 def image_bundle(image_export: Path, image_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundle of the variants that passed (static int8 misses the served-path gate on this
     random-weight model: see test_parity_gates)."""
-    from components.core.package import package_dirs
+    from ortpack.components.core.package import package_dirs
 
     out = tmp_path_factory.mktemp("image-dist") / "mnv3s"
     package_dirs(image_export, list(image_variants.values()), out)
@@ -116,7 +116,7 @@ def test_preprocess_graph_matches_torchvision(interpolation: str, opset: int) ->
     the gate and stay within two (bicubic on noise)."""
     import onnxruntime as ort
 
-    from components.core.exporters.image_classification import ImagePreprocess, reference_transform
+    from ortpack.components.core.exporters.image_classification import ImagePreprocess, reference_transform
 
     pre = {
         "resize_size": 256,
@@ -147,7 +147,7 @@ def test_encoded_validation_set_is_varied_and_deterministic() -> None:
     chroma subsampling, EXIF orientations, greyscale and alpha; the same bytes every time."""
     from PIL import Image
 
-    from components.core.validation_data import encode_validation_image, encoded_validation_images
+    from ortpack.components.core.validation_data import encode_validation_image, encoded_validation_images
 
     specs = encoded_validation_images()
     pixels = [s.width * s.height for s in specs]
@@ -165,9 +165,9 @@ def test_encoded_validation_set_is_varied_and_deterministic() -> None:
 
 
 def test_preprocessing_spec_of_every_supported_model() -> None:
-    from components.core.exporters.image_classification import preprocessing_spec
-    from components.core.sources import TORCHVISION_MODELS
-    from components.core.specs import ExportSpec
+    from ortpack.components.core.exporters.image_classification import preprocessing_spec
+    from ortpack.components.core.sources import TORCHVISION_MODELS
+    from ortpack.components.core.specs import ExportSpec
 
     specs = {
         name: preprocessing_spec(ExportSpec(source=name, task="image-classification", name="x"))
@@ -238,11 +238,11 @@ def test_gate_covers_the_served_path(image_bundle: Path, image_export: Path, tmp
     manifest's size, against the reference and against its own exact decode."""
     import shutil
 
-    from components.core.parity import check_parity
-    from components.core.tasks import thresholds_for
-    from serving.contracts.image_classification import CONTRACT as IMAGE
-    from serving.gates import gate
-    from serving.images import DECODE_GATE
+    from ortpack.components.core.parity import check_parity
+    from ortpack.components.core.tasks import thresholds_for
+    from ortpack.kernel.contracts.image_classification import CONTRACT as IMAGE
+    from ortpack.kernel.gates import gate
+    from ortpack.kernel.images import DECODE_GATE
 
     manifest = verify_bundle(image_bundle)
     assert manifest.task_settings.preprocessing is not None
@@ -278,9 +278,9 @@ def test_gate_covers_the_served_path(image_bundle: Path, image_export: Path, tmp
 def test_server_decoder_is_the_reference_decode(image_export: Path) -> None:
     """Exact decoding gives the reference's pixels on every validation file (EXIF orientations,
     greyscale, alpha, 4:4:4 and 4:2:0 JPEGs): what the served path adds to the graph is nothing."""
-    from components.core.exporters.image_classification import reference_decode
-    from components.core.validation_data import unpack_files
-    from serving.images import ImageDecoder
+    from ortpack.components.core.exporters.image_classification import reference_decode
+    from ortpack.components.core.validation_data import unpack_files
+    from ortpack.kernel.images import ImageDecoder
 
     with np.load(image_export / "reference.npz") as ref:
         files = unpack_files(ref["served_offsets"], ref["served_data"])
@@ -296,7 +296,7 @@ def test_server_decoder_is_the_reference_decode(image_export: Path) -> None:
 def test_decode_mode_needs_the_gates_evidence(image_bundle: Path) -> None:
     """auto serves the reduced decode only when the variant's parity record validates it; an
     explicit reduced request without that evidence refuses the start; exact is always allowed."""
-    from serving.tasks.image_classification import choose_decoder
+    from ortpack.serving.tasks.image_classification import choose_decoder
 
     exact = verify_bundle(image_bundle)
     variant = exact.variant("cpu-fp32")
@@ -353,8 +353,8 @@ def test_perturbed_image_graph_misses(image_export: Path, tmp_path: Path) -> Non
     import onnx
     from onnx import numpy_helper
 
-    from components.core.parity import check_parity
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.parity import check_parity
+    from ortpack.components.core.tasks import thresholds_for
 
     model = onnx.load(str(image_export / "model.onnx"))
     net = [t for t in model.graph.initializer if t.name.startswith("net/") and len(t.dims) == 4]
@@ -372,8 +372,8 @@ def test_perturbed_image_graph_misses(image_export: Path, tmp_path: Path) -> Non
 
 
 def test_bad_weights_are_one_line_errors(tmp_path: Path, image_weights: Path) -> None:
-    from components.core.errors import ModelLoadError
-    from components.core.exporters.image_models import load_image_network, parse_image_source
+    from ortpack.components.core.errors import ModelLoadError
+    from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
 
     def load(name: str, weights: Path) -> object:
         return load_image_network(parse_image_source(name), str(weights), 224)
@@ -635,13 +635,13 @@ def test_served_decode_modes(image_server: RunningServer, image_bundle: Path, tm
     a reduced scale. Each answer is the graph on that decode."""
     import shutil
 
-    from serving.images import ImageDecoder
+    from ortpack.kernel.images import ImageDecoder
 
     copy = tmp_path / "reduced-bundle"
     shutil.copytree(image_bundle, copy)
     from PIL import Image
 
-    from serving.probe import Probe
+    from ortpack.kernel.probe import Probe
 
     # a size at which none of the probe's files is reduced: the node check then passes as before
     probe = Probe.from_bytes((image_bundle / "probe" / "probe.npz").read_bytes())
@@ -683,8 +683,8 @@ def test_decoder_keeps_pillows_bomb_check_and_global_state() -> None:
 
     from PIL import Image
 
-    from serving.errors import PayloadTooLargeError
-    from serving.images import ImageDecoder
+    from ortpack.kernel.images import ImageDecoder
+    from ortpack.serving.errors import PayloadTooLargeError
 
     pillow_limit, filters = Image.MAX_IMAGE_PIXELS, list(warnings.filters)
     assert pillow_limit is not None
@@ -712,11 +712,11 @@ def test_decoder_keeps_pillows_bomb_check_and_global_state() -> None:
 @pytest.mark.slow
 def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
     """The bicubic preprocessing of EfficientNet-B0's weights, exported and gated like the rest."""
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
     from tests.models import make_image_weights
 
     weights = make_image_weights("efficientnet_b0", tmp_path / "b0.safetensors")

@@ -26,7 +26,7 @@ def _pin(requirements: list[str], package: str) -> str:
 
 
 def test_component_image_pins_match_the_project() -> None:
-    from components.images import GPU_ORT_VERSION, ORT_VERSION
+    from ortpack.components.images import GPU_ORT_VERSION, ORT_VERSION
 
     export = _extra("export")
     assert _arg("Dockerfile.component", "TORCH_VERSION") == _pin(export, "torch")

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serving.bundle import read_manifest, verify_bundle
+from ortpack.kernel.bundle import read_manifest, verify_bundle
 from tests.request_bodies import BODIES, check_answers
 from tests.servers import RunningServer, running_server
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow  # builds a classifier and a reranker bundle
 
 
 def _build(checkpoint: Path, out: Path, work: Path) -> Path:
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
 
     spec = BuildSpec(
         export=ExportSpec(source=str(checkpoint), task="text-classification", name=checkpoint.name),
@@ -165,7 +165,7 @@ def test_rerank_route(reranker_server: RunningServer) -> None:
 
 
 def test_pairs_are_tokenized_with_segment_ids(reranker_bundle: Path) -> None:
-    from serving.text import TextEncoder
+    from ortpack.serving.text import TextEncoder
 
     encoder = TextEncoder(
         (reranker_bundle / "tokenizer.json").read_text(), max_tokens=128, truncate=True, buckets=(128,)

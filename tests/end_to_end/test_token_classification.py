@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serving.bundle import verify_bundle
+from ortpack.kernel.bundle import verify_bundle
 from tests.request_bodies import BODIES, check_answers
 from tests.servers import RunningServer, running_server
 
@@ -32,8 +32,8 @@ def make_tagger(out: Path, *, trunk: Path | None = None, seed: int = 0, head_sca
 
 
 def _build(checkpoint: Path, out: Path, work: Path, **options: object) -> Path:
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
 
     spec = BuildSpec(
         export=ExportSpec(source=str(checkpoint), task="token-classification", name=checkpoint.name, options=options),
@@ -87,8 +87,8 @@ def test_tagger_bundle_passes_its_gates(tagger: tuple[Path, Path]) -> None:
 
 def test_the_gate_can_fail(tagger: tuple[Path, Path]) -> None:
     """The int8 graph judged by the fp32 gate misses it: the numbers are measured, not assumed."""
-    from components.core.parity import check_parity
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.parity import check_parity
+    from ortpack.components.core.tasks import thresholds_for
 
     work = tagger[1].parent.parent / "work"
     int8 = next(p for p in work.rglob("model.onnx") if "int8" in str(p.parent))
@@ -170,9 +170,9 @@ def test_trained_trunk_tagger_int8_gate(tmp_path: Path) -> None:
 
 def test_the_task_owns_its_options() -> None:
     """`aggregation` is token-classification's own option: no flag or shared field was added for it."""
-    from components.core.errors import InvalidSpecError
-    from components.core.specs import ExportSpec
-    from serving.contracts.token_classification import TokenOptions
+    from ortpack.components.core.errors import InvalidSpecError
+    from ortpack.components.core.specs import ExportSpec
+    from ortpack.kernel.contracts.token_classification import TokenOptions
 
     spec = ExportSpec(source="x", task="token-classification", name="t", options={"aggregation": "none"})
     assert spec.options_as(TokenOptions).aggregation == "none"

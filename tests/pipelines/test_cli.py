@@ -126,7 +126,7 @@ def _walk(parser: argparse.ArgumentParser, path: str = "ortpack") -> list[tuple[
 
 
 def test_help_documents_every_option() -> None:
-    from pipelines.cli import build_parser
+    from ortpack.pipelines.cli import build_parser
 
     actions = _walk(build_parser())
     assert len({path for path, _ in actions}) >= 8  # every command was walked
@@ -137,7 +137,7 @@ def test_help_documents_every_option() -> None:
 
 
 def test_version_and_one_line_usage_errors() -> None:
-    from serving import __version__
+    from ortpack import __version__
 
     version = ortpack("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"ortpack {__version__}"
@@ -157,7 +157,7 @@ def test_debug_keeps_the_exit_code(tmp_path: Path) -> None:
 
 
 def test_threshold_help_lists_every_threshold() -> None:
-    from serving.contracts import contract_names, get_contract
+    from ortpack.kernel.contracts import contract_names, get_contract
 
     text = "".join(ortpack("validate", "--help").stdout.split())  # argparse wraps at hyphens too
     for task in contract_names():
@@ -191,7 +191,16 @@ def test_sigterm_cleans_up_like_sigint(tiny_bert: Path, tmp_path: Path) -> None:
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "build", "--model", str(tiny_bert), "--out", str(tmp_path / "out")],
+        [
+            sys.executable,
+            "-m",
+            "ortpack.pipelines.cli",
+            "build",
+            "--model",
+            str(tiny_bert),
+            "--out",
+            str(tmp_path / "out"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -302,7 +311,7 @@ def test_bundle_check_variant_is_explained_and_an_unknown_one_lists_the_bundles(
 
 
 def test_bundle_help_lists_every_action() -> None:
-    from pipelines.cli import build_parser
+    from ortpack.pipelines.cli import build_parser
 
     bundle = next(a.choices["bundle"] for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = next(a for a in bundle._actions if isinstance(a, argparse._SubParsersAction)).choices

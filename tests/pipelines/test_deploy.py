@@ -42,7 +42,7 @@ IMAGE = "ghcr.io/ortpack/ortpack-serve"
 RUNTIME_UID = 10001  # Dockerfile.serve: useradd --uid 10001
 KUBERNETES_VERSIONS = ("1.31", "newest")
 
-# ORTPACK_* options the manifests use that serving.config.ServeConfig does not have yet: they are
+# ORTPACK_* options the manifests use that ortpack.serving.config.ServeConfig does not have yet: they are
 # being added for issue 10 (API key file, drain grace period, metrics port). The server ignores
 # an unknown ORTPACK_* variable, so until then these settings have no effect. When a field lands,
 # test_pending_options_are_still_pending fails: remove its name here, and the name is then checked
@@ -151,7 +151,7 @@ def server_container(workload: Workload) -> dict[str, Any]:
 
 
 def serve_config_fields() -> dict[str, Any]:
-    from serving.config import ServeConfig
+    from ortpack.serving.config import ServeConfig
 
     return {f.name: f.default for f in fields(ServeConfig)}
 
@@ -353,9 +353,10 @@ def test_metrics_port_is_declared_and_annotated() -> None:
 
 
 def server_variables() -> set[str]:
-    """ORTPACK_* variables the server's modules read by name, besides its options (e.g. registry credentials)."""
+    """ORTPACK_* variables the server's modules and the kernel under it read by name, besides its options
+    (e.g. registry credentials)."""
     found: set[str] = set()
-    for path in (ROOT / "serving").rglob("*.py"):
+    for path in [*(ROOT / "serving").rglob("*.py"), *(ROOT / "kernel").rglob("*.py")]:
         found |= set(re.findall(r"""["'](ORTPACK_[A-Z0-9_]+)["']""", path.read_text()))
     return found
 
@@ -369,7 +370,7 @@ def test_every_ortpack_option_is_a_server_option() -> None:
                 if name.startswith("ORTPACK_") and name not in variables:
                     option_name = name.removeprefix("ORTPACK_").lower()
                     assert option_name in known, (
-                        f"{workload.name}: {name} is not an ortpack-serve option (nor read in serving/)"
+                        f"{workload.name}: {name} is not an ortpack-serve option (nor read in serving/ or kernel/)"
                     )
             args = [a for a in container.get("args", []) if a.startswith("--")]
             for flag in args:
@@ -488,7 +489,7 @@ def test_selectors_match_the_pods() -> None:
 
 
 def test_images_follow_the_package_version() -> None:
-    from serving import __version__
+    from ortpack import __version__
 
     for workload in workloads():
         gpu = "gpu" in workload.name

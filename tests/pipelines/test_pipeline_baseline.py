@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from components.core.build import StepOutput, run_gate_step, run_package_step
-from components.core.errors import InvalidSpecError, NoVariantPassedError
-from components.core.package import Verdict
-from serving.bundle import verify_bundle
+from ortpack.components.core.build import StepOutput, run_gate_step, run_package_step
+from ortpack.components.core.errors import InvalidSpecError, NoVariantPassedError
+from ortpack.components.core.package import Verdict
+from ortpack.kernel.bundle import verify_bundle
 from tests.cli import error_line, ortpack
 from tests.kfp_api import FakeKFP, submit
 
@@ -41,12 +41,12 @@ def reseeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny text classifier: its export, its cpu-fp32 variant, and their bundle."""
-    from components.core.export import export_model
-    from components.core.optimize import optimize_model
-    from components.core.package import package_dirs
-    from components.core.parity import validate_variant
-    from components.core.specs import ExportSpec, VariantSpec
-    from components.core.tasks import thresholds_for
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.package import package_dirs
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
     from tests.models import make_tiny_classifier
 
     root = tmp_path_factory.mktemp("classifier")
@@ -205,8 +205,8 @@ def test_a_non_embedding_build_with_a_baseline_is_refused_before_any_work(
 
 
 def test_the_pipeline_passes_the_parameters_to_the_package_step() -> None:
-    from components.core.compat import DEFAULT_BUDGET
-    from pipelines.golden import COMPILED, build_pipeline
+    from ortpack.components.core.compat import DEFAULT_BUDGET
+    from ortpack.pipelines.golden import COMPILED, build_pipeline
 
     inputs = build_pipeline().component_spec.inputs
     assert inputs["baseline_bundle"].default == "" and inputs["require_compatible"].default is False
@@ -253,7 +253,7 @@ def test_run_prints_the_compatibility_verdict(
 ) -> None:
     """The summary line `ortpack run` prints from a run's verdict (here one the package step wrote
     where kfp.local puts it)."""
-    from pipelines.cli import _print_compatibility
+    from ortpack.pipelines.cli import _print_compatibility
 
     run = tmp_path / "run"
     new_bundle(tiny_export, tiny_variants, run / "package-bundle", baseline_bundle=str(tiny_bundle))

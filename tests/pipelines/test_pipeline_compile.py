@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.golden import COMPILED, COMPONENT_IO, GraphOptions, compile_pipeline, component_io
+from ortpack.pipelines.golden import COMPILED, COMPONENT_IO, GraphOptions, compile_pipeline, component_io
 
 REGENERATE = "regenerate with `make golden` and review the diff"
 DIGEST = "sha256:" + "ab" * 32
@@ -111,7 +111,7 @@ def test_loops_and_conditions_have_no_display_names(targets: tuple[str, ...], tm
 
 
 def test_every_step_runs_on_the_component_image_and_installs_nothing() -> None:
-    from components.images import COMPONENT_IMAGE
+    from ortpack.components.images import COMPONENT_IMAGE
 
     (doc, *_) = _docs(COMPILED)
     images = {e["container"]["image"] for e in _executors(doc).values()}
@@ -188,7 +188,7 @@ def test_retries_and_cache_policy() -> None:
 def test_cache_key_includes_the_onnxruntime_version() -> None:
     import onnxruntime
 
-    from components.images import ORT_VERSION
+    from ortpack.components.images import ORT_VERSION
 
     assert ORT_VERSION == onnxruntime.__version__, "components/images.py must name the pinned onnxruntime"
     golden = json.loads(COMPONENT_IO.read_text())
@@ -199,7 +199,7 @@ def test_cache_key_includes_the_onnxruntime_version() -> None:
 
 def test_secrets_are_optional_volumes_named_by_parameters() -> None:
     """Optional secret volumes work from backend 2.14 (optional secret env vars only from 2.15)."""
-    from pipelines.package_model import CREDENTIALS_DIR, SIGNING_DIR
+    from ortpack.pipelines.package_model import CREDENTIALS_DIR, SIGNING_DIR
 
     platform = _platform(_docs(COMPILED))
     wired = {}
@@ -215,7 +215,7 @@ def test_secrets_are_optional_volumes_named_by_parameters() -> None:
         ("exec-package-bundle", SIGNING_DIR): "signing_secret",
         ("exec-package-bundle", CREDENTIALS_DIR): "credentials_secret",  # it fetches the baseline bundle
     }
-    from components.core.sources import CREDENTIALS_DIR as LIBRARY_DIR
+    from ortpack.components.core.sources import CREDENTIALS_DIR as LIBRARY_DIR
 
     assert CREDENTIALS_DIR == LIBRARY_DIR
 
@@ -232,7 +232,7 @@ def test_publish_runs_only_after_the_gate_and_only_when_asked() -> None:
 
 
 def test_cuda_is_off_by_default_and_gpu_steps_are_parameterized(gpu_docs: list[dict[str, Any]]) -> None:
-    from components.images import GPU_COMPONENT_IMAGE, GPU_ORT_VERSION
+    from ortpack.components.images import GPU_COMPONENT_IMAGE, GPU_ORT_VERSION
 
     text = COMPILED.read_text()
     assert "nvidia.com/gpu" not in text and "accelerator" not in text and "for-loop-2" not in text
@@ -260,7 +260,7 @@ def test_cuda_is_off_by_default_and_gpu_steps_are_parameterized(gpu_docs: list[d
 
 
 def test_model_pvc_is_mounted_where_the_model_is_read(gpu_docs: list[dict[str, Any]]) -> None:
-    from pipelines.package_model import MODEL_MOUNT
+    from ortpack.pipelines.package_model import MODEL_MOUNT
 
     mounted = {
         n for n, s in _platform(gpu_docs).items() for p in s.get("pvcMount", []) if p["mountPath"] == MODEL_MOUNT
@@ -271,7 +271,7 @@ def test_model_pvc_is_mounted_where_the_model_is_read(gpu_docs: list[dict[str, A
 
 def test_compiling_imports_neither_torch_nor_onnxruntime(tmp_path: Path) -> None:
     code = (
-        "import sys; from pipelines.golden import compile_pipeline; from pathlib import Path;"
+        "import sys; from ortpack.pipelines.golden import compile_pipeline; from pathlib import Path;"
         f"compile_pipeline(Path({str(tmp_path / 'p.yaml')!r}));"
         "print(sorted(m for m in ('torch', 'onnxruntime', 'transformers', 'onnx', 'numpy') if m in sys.modules))"
     )
@@ -283,7 +283,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     import os
 
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "ortpack.pipelines.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.bundle import verify_bundle
+from ortpack.kernel.bundle import verify_bundle
 from tests.cli import ortpack
 
 pytestmark = pytest.mark.slow
@@ -169,7 +169,7 @@ def test_checkpoint_from_s3_signed_and_published(tiny_bert: Path, tmp_path: Path
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from serving.signing import verify_signature
+    from ortpack.kernel.signing import verify_signature
     from tests.signed import make_key_pair
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -194,7 +194,7 @@ def test_checkpoint_from_s3_signed_and_published(tiny_bert: Path, tmp_path: Path
         args = ["--model", "s3://models/team/tiny-bert/", "--precisions", "fp32", "--version", "3"]
         args += ["--sign-key", str(private), "--publish-to", "s3://published/bundles/"]
         result = subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", "run", "--pipeline-root", str(tmp_path / "runs"), *args],
+            [sys.executable, "-m", "ortpack.pipelines.cli", "run", "--pipeline-root", str(tmp_path / "runs"), *args],
             capture_output=True,
             text=True,
             cwd=tmp_path,
@@ -205,7 +205,7 @@ def test_checkpoint_from_s3_signed_and_published(tiny_bert: Path, tmp_path: Path
         bundle = tmp_path / "dist" / "tiny-bert"
         manifest = verify_bundle(bundle)
         assert manifest.version == "3" and manifest.source.id == "s3://models/team/tiny-bert/"
-        from components.core.sources import tree_digest
+        from ortpack.components.core.sources import tree_digest
 
         assert manifest.source.revision == tree_digest(tiny_bert)  # the content, not the name
         assert verify_signature(bundle, public).files

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.local import stage_local_inputs
+from ortpack.pipelines.local import stage_local_inputs
 from tests import ROOT
 
 
@@ -42,7 +42,7 @@ def test_uris_and_bundled_names_are_not_staged(tmp_path: Path) -> None:
 
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "run", *args],
+        [sys.executable, "-m", "ortpack.pipelines.cli", "run", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

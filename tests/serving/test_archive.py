@@ -1,4 +1,4 @@
-"""serving.archive: the safe-path rule, the limits, the tar checks and extraction, and each caller's wording."""
+"""ortpack.kernel.archive: the safe-path rule, the limits, the tar checks and extraction, and each caller's wording."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from components.core.errors import SourceError
-from components.core.sources import CHECKPOINT_RULES
-from serving.archive import GIB, ArchiveError, ArchiveRules, extract_tar, gib, is_inside, is_safe_relpath
-from serving.bundle import BUNDLE_RULES, BundleError
+from ortpack.components.core.errors import SourceError
+from ortpack.components.core.sources import CHECKPOINT_RULES
+from ortpack.kernel.archive import GIB, ArchiveError, ArchiveRules, extract_tar, gib, is_inside, is_safe_relpath
+from ortpack.kernel.bundle import BUNDLE_RULES, BundleError
 
 RULES = ArchiveRules(max_members=3, max_bytes=2 * GIB)
 
@@ -230,8 +230,9 @@ def test_extract_tar_leaves_not_a_tar_to_the_caller(tmp_path: Path) -> None:
 
 def test_archive_and_oci_import_no_fetching_code() -> None:
     code = (
-        "import sys, serving.archive; light = 'pydantic' not in sys.modules and 'serving.bundle' not in sys.modules; "
-        "import serving.oci; print(light, 'serving.sources' in sys.modules)"
+        "import sys, ortpack.kernel.archive; "
+        "light = 'pydantic' not in sys.modules and 'ortpack.kernel.bundle' not in sys.modules; "
+        "import ortpack.kernel.oci; print(light, 'ortpack.kernel.sources' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "False"]

@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.batcher import Batcher, BatchStats
-from serving.context import RequestContext, bind, unbind
-from serving.errors import (
+from ortpack.serving.batcher import Batcher, BatchStats
+from ortpack.serving.context import RequestContext, bind, unbind
+from ortpack.serving.errors import (
     DeadlineExceededError,
     InferenceError,
     NotReadyError,
     OverloadedError,
     PayloadTooLargeError,
 )
-from serving.text import TokenPair, payload_tokens
+from ortpack.serving.text import TokenPair, payload_tokens
 
 
 class RecordingBackend:
@@ -400,7 +400,7 @@ def test_only_text_batches_count_tokens() -> None:
     run(_with(texts, texts.submit(ids, [8, 8], 5.0)))
     assert sum(s.real_tokens for s in stats) == 8 and max(s.padded_tokens for s in stats) >= 8
 
-    from serving.metrics import Metrics
+    from ortpack.serving.metrics import Metrics
 
     metrics = Metrics()
     metrics.observe_batch(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.bundle import SCHEMA_VERSION, BundleError, read_manifest, verify_bundle, write_bundle
-from serving.startup import Prehash
+from ortpack.kernel.bundle import SCHEMA_VERSION, BundleError, read_manifest, verify_bundle, write_bundle
+from ortpack.serving.startup import Prehash
 from tests.models import minimal_manifest
 
 
@@ -88,7 +88,7 @@ def test_detects_changed_file(bundle: Path) -> None:
 
 
 def test_a_prehashed_bundle_is_checked_as_strictly(bundle: Path) -> None:
-    """The server's start hashes a bundle directory early (serving.startup.Prehash); a file changed
+    """The server's start hashes a bundle directory early (ortpack.serving.startup.Prehash); a file changed
     after that is hashed again by the check, which still refuses it."""
     prehash = Prehash(bundle)
     model = bundle / "variants/cpu-fp32/model.onnx"

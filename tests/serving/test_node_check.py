@@ -16,9 +16,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from serving.bundle import Manifest, read_manifest, sha256_file, verify_bundle
-from serving.hardware import HardwareInfo
-from serving.selection import candidate_variants
+from ortpack.kernel.bundle import Manifest, read_manifest, sha256_file, verify_bundle
+from ortpack.kernel.hardware import HardwareInfo
+from ortpack.kernel.selection import candidate_variants
 from tests.models import minimal_manifest
 from tests.servers import running_server
 
@@ -105,7 +105,7 @@ def test_untampered_variant_serves_with_its_check(tiny_bundle: Path, tmp_path: P
 def test_bundle_check_is_a_preflight(tiny_bundle: Path, tampered_bundle: Path) -> None:
     def check(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", "bundle", "check", *args],
+            [sys.executable, "-m", "ortpack.pipelines.cli", "bundle", "check", *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -179,7 +179,7 @@ def test_benchmark_from_another_cpu_kind_is_not_evidence() -> None:
 
 
 def test_no_variant_for_these_providers() -> None:
-    from serving.bundle import BundleError
+    from ortpack.kernel.bundle import BundleError
 
     manifest = _manifest({"cpu-fp32": (2.0, ["avx2"])})
     with pytest.raises(BundleError, match="no variant of demo runs on this machine"):
@@ -195,10 +195,10 @@ def test_a_file_swapped_during_start_up_is_never_served(tiny_bundle: Path, tmp_p
     import threading
     import time
 
-    from serving.bundle import BundleError
-    from serving.config import ServeConfig
-    from serving.metrics import Metrics
-    from serving.service import load_service
+    from ortpack.kernel.bundle import BundleError
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import load_service
 
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)

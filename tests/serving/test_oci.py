@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.bundle import BundleError, verify_bundle
-from serving.oci import ARTIFACT_TYPE, TITLE, OciReference, RegistryError, pull_bundle, push_bundle
-from serving.signing import sign_bundle, verify_signature
-from serving.sources import fetch_bundle
+from ortpack.kernel.bundle import BundleError, verify_bundle
+from ortpack.kernel.oci import ARTIFACT_TYPE, TITLE, OciReference, RegistryError, pull_bundle, push_bundle
+from ortpack.kernel.signing import sign_bundle, verify_signature
+from ortpack.kernel.sources import fetch_bundle
 from tests.cli import assert_one_line_error, ortpack
 from tests.registry import Credentials, Registry, oci_registry, start_registry, stop_registry
 from tests.servers import running_server

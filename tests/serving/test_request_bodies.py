@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from serving.bodies import parse_body
-from serving.contracts import get_contract
-from serving.errors import ServeError
+from ortpack.kernel.contracts import get_contract
+from ortpack.serving.bodies import parse_body
+from ortpack.serving.errors import ServeError
 from tests.fakes import in_process
 from tests.openapi_golden import CASES, document
 from tests.request_bodies import BODIES, ROUTE_CASES, check_answers, request_schema, schema_accepts

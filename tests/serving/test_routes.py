@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serving.bundle import read_manifest
+from ortpack.kernel.bundle import read_manifest
 from tests.fakes import SlowBackend, in_process, metric
 from tests.openapi_golden import CASES, document, path_of, render
 
@@ -92,7 +92,7 @@ def test_token_id_input_and_base64(tiny_bundle: Path) -> None:
 
 
 def test_concurrent_mixed_lengths_equal_unbatched_and_batches_form(tiny_bundle: Path) -> None:
-    from components.core.validation_data import validation_sentences
+    from ortpack.components.core.validation_data import validation_sentences
 
     texts = [t for t in validation_sentences() if t.strip()][:200]
     expected = reference_rows(tiny_bundle, texts)
@@ -377,7 +377,7 @@ def test_request_id_and_timing_headers(tiny_bundle: Path, caplog: pytest.LogCapt
 def test_the_stage_breakdown_is_exported_and_adds_up(tiny_bundle: Path) -> None:
     """Every answered inference request is broken down into stages that add up to its total; a
     refused one and a route without a model call are not."""
-    from serving.stages import STAGES
+    from ortpack.serving.stages import STAGES
 
     async def body() -> str:
         async with in_process(tiny_bundle) as s:
@@ -408,7 +408,7 @@ def test_several_texts_are_tokenized_off_the_event_loop(tiny_bundle: Path) -> No
     """One short text is tokenized inline (cheaper than a hop to a thread); several texts go to a
     thread, where encode_batch runs in parallel, and the event loop keeps turning meanwhile. The
     ids are the same either way."""
-    from serving.text import TextEncoder
+    from ortpack.serving.text import TextEncoder
 
     manifest = read_manifest(tiny_bundle)
     tokenizer = manifest.task_settings.tokenizer
@@ -573,10 +573,10 @@ def test_openapi_golden_files(case: str) -> None:
 
 def test_live_before_ready(tiny_bundle: Path) -> None:
     """Until warm-up has run every bucket shape, liveness is 200 and readiness and inference 503."""
-    from serving.app import create_app
-    from serving.config import ServeConfig
-    from serving.metrics import Metrics
-    from serving.service import load_service
+    from ortpack.serving.app import create_app
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import load_service
 
     config = ServeConfig(bundle=str(tiny_bundle))
     service = load_service(tiny_bundle, config, Metrics())
@@ -622,8 +622,8 @@ def test_every_json_request_body_has_an_example(case: str) -> None:
 
 
 def test_the_image_example_is_an_image_the_server_decodes() -> None:
-    from serving.images import ImageDecoder, decode_base64
-    from serving.tasks.image_classification import EXAMPLE_PNG
+    from ortpack.kernel.images import ImageDecoder, decode_base64
+    from ortpack.serving.tasks.image_classification import EXAMPLE_PNG
 
     pixels = ImageDecoder(max_pixels=1_000_000).decode(decode_base64(EXAMPLE_PNG, "image"))
     assert pixels.shape == (8, 8, 3) and pixels.dtype == np.uint8
@@ -642,6 +642,6 @@ def test_the_image_example_is_an_image_the_server_decodes() -> None:
     ],
 )
 def test_the_front_door_answers_html_only_when_preferred(accept: str, html: bool) -> None:
-    from serving.routes.ops import prefers_html
+    from ortpack.serving.routes.ops import prefers_html
 
     assert prefers_html(accept) is html

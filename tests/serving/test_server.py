@@ -120,8 +120,8 @@ def test_a_failed_start_from_a_tar_leaves_nothing_in_the_cache(tiny_bundle: Path
 
 
 def test_repeated_starts_reuse_one_verified_extraction(tiny_bundle: Path, tmp_path: Path) -> None:
-    from serving.__main__ import build
-    from serving.config import ServeConfig
+    from ortpack.serving.__main__ import build
+    from ortpack.serving.config import ServeConfig
 
     archive = _tar(tiny_bundle, tmp_path / "bundle.tar")
     cache = tmp_path / "cache"

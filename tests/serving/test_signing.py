@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.bundle import BundleError, sha256_file, verify_bundle
-from serving.signing import (
+from ortpack.kernel.bundle import BundleError, sha256_file, verify_bundle
+from ortpack.kernel.signing import (
     SIGNATURE_NAME,
     SignatureCoverageError,
     SignatureInvalidError,
@@ -230,7 +230,8 @@ def test_encrypted_signing_key_from_env(tmp_path: Path) -> None:
 def test_serving_start_does_not_import_signing_or_registry_libraries() -> None:
     """Without --trust-key or an oci:// bundle, model-signing (sigstore) and oras stay unimported."""
     code = (
-        "import sys, serving.__main__, serving.signing, serving.oci, serving.sources, serving.config;"
+        "import sys, ortpack.serving.__main__, ortpack.kernel.signing, ortpack.kernel.oci, ortpack.kernel.sources, "
+        "ortpack.serving.config;"
         "print(','.join(sorted(m for m in ('model_signing', 'sigstore', 'oras', 'requests', 'cryptography') "
         "if m in sys.modules)))"
     )

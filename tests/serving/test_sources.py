@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from serving.bundle import BundleError, verify_bundle, write_bundle
-from serving.sources import MAX_MEMBERS, fetch, fetch_bundle
+from ortpack.kernel.bundle import BundleError, verify_bundle, write_bundle
+from ortpack.kernel.sources import MAX_MEMBERS, fetch, fetch_bundle
 from tests.models import minimal_manifest
 
 

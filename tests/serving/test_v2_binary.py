@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from serving.binary_tensors import attach_binary_inputs
-from serving.errors import InvalidRequestError
+from ortpack.serving.binary_tensors import attach_binary_inputs
+from ortpack.serving.errors import InvalidRequestError
 from tests.servers import RunningServer, running_server
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "日本語の文も埋め込めます。", "ok"]

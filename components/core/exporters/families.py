@@ -2,7 +2,7 @@
 Face `model_type`, holding everything that differs between them.
 
 A family says which torch.onnx exporter gives the better graph, which fuser then fuses it
-(`components.core.optimize`), whether the model reads `token_type_ids`, and how its positions
+(`ortpack.components.core.optimize`), whether the model reads `token_type_ids`, and how its positions
 work (which sets the longest input it can take). Everything else (sizes, heads, vocabulary,
 padding id) is read from each checkpoint's own config. A `model_type` missing here is refused
 before anything is loaded, with one line listing these.
@@ -54,7 +54,7 @@ class EncoderFamily:
       (RoBERTa, XLM-R, CamemBERT, data2vec-text, ...: `padding_idx = config.pad_token_id`).
     - `int8_per_token`: regexes over the exported graph's MatMul node names whose activations the
       int8 variant quantizes per token rather than per tensor
-      (`components.core.graph_recipes.quantize_int8_dynamic`): where a few tokens carry activations
+      (`ortpack.components.core.graph_recipes.quantize_int8_dynamic`): where a few tokens carry activations
       tens of times larger than the rest. Empty: the shipped recipe as measured on MiniLM.
     """
 
@@ -69,7 +69,7 @@ class EncoderFamily:
     def position_offset(self, config: Any) -> int:
         """How many rows of the position table no real token reaches: 0, or for "padding-offset"
         the padding index + 1 (the first token's position id)."""
-        from components.core.errors import ExportError
+        from ortpack.components.core.errors import ExportError
 
         if self.positions != "padding-offset":
             return 0
@@ -84,7 +84,7 @@ class EncoderFamily:
     def max_positions(self, config: Any) -> int:
         """The longest input, in tokens, this checkpoint's position handling allows: the position
         table's rows less `position_offset` (ids of a sequence of n tokens reach offset + n - 1)."""
-        from components.core.errors import ExportError
+        from ortpack.components.core.errors import ExportError
 
         table = int(getattr(config, "max_position_embeddings", 512) or 512)
         limit = table - self.position_offset(config)
@@ -180,7 +180,7 @@ def supported_model_types() -> list[str]:
 def family_for(config: dict[str, Any]) -> EncoderFamily:
     """The family of a checkpoint from its raw config.json, or `ExportError` in one line naming
     the supported families (an encoder-decoder, a decoder, an unknown or custom-code model)."""
-    from components.core.errors import ExportError
+    from ortpack.components.core.errors import ExportError
 
     model_type = str(config.get("model_type") or "")
     supported = ", ".join(supported_model_types())

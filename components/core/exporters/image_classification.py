@@ -35,17 +35,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.core.artifacts import ExportResult
-from components.core.errors import ExportError, InvalidSpecError, ModelLoadError
-from components.core.exporters.image_models import (
+from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
+from ortpack.components.core.exporters.image_models import (
     default_labels,
     default_preprocessing,
     load_image_network,
     parse_image_source,
 )
-from components.core.specs import ExportSpec
-from components.core.timing import measure_latency
-from components.core.validation_data import (
+from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.timing import measure_latency
+from ortpack.components.core.validation_data import (
     ImageSpec,
     encode_png,
     encode_validation_image,
@@ -55,7 +55,7 @@ from components.core.validation_data import (
     render_image,
     validation_images,
 )
-from serving.contracts.image_classification import ImageOptions
+from ortpack.kernel.contracts.image_classification import ImageOptions
 
 log = logging.getLogger("ortpack.export")
 
@@ -413,7 +413,7 @@ def photo_pixel_set(photos: list[np.ndarray], crop: int) -> list[np.ndarray]:
 
 def reference_decode(data: bytes) -> np.ndarray:
     """The reference decode of a file: Pillow, every pixel, EXIF orientation applied, RGB. Written
-    apart from the server's decoder (serving/images.py), which the gate checks against it."""
+    apart from the server's decoder (kernel/images.py), which the gate checks against it."""
     from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(data)) as image:
@@ -438,14 +438,14 @@ def choose_decode(
 ) -> tuple[dict[str, Any], dict[str, float], np.ndarray]:
     """The server's default decode: reduced JPEG decoding at the smallest margin (shorter side at
     least `margin x resize_size`, from `REDUCED_MARGINS`) whose PyTorch outputs pass the decode
-    gate (`serving.images.DECODE_GATE`) against the full decode on the validation files it
+    gate (`ortpack.kernel.images.DECODE_GATE`) against the full decode on the validation files it
     reduces; exact decoding when none does, or when too few files are reduced to judge.
 
     Returns the manifest's decode fields, the numbers of every margin tried, and per file the
     largest probability difference of the chosen reduced decode (0 where it does not reduce)."""
-    from serving.contracts.image_classification import CONTRACT
-    from serving.gates import gate, probability_metrics
-    from serving.images import DECODE_GATE, ImageDecoder
+    from ortpack.kernel.contracts.image_classification import CONTRACT
+    from ortpack.kernel.gates import gate, probability_metrics
+    from ortpack.kernel.images import DECODE_GATE, ImageDecoder
 
     metrics: dict[str, float] = {}
     for margin in REDUCED_MARGINS:
@@ -671,7 +671,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         _write_calibration(calibration, out_dir)
     torch_latency = _torch_latency(classifier, pre)
 
-    return ExportResult(  # written once, by components.core.export.export_model
+    return ExportResult(  # written once, by ortpack.components.core.export.export_model
         task="image-classification",
         name=spec.name,
         source=source_record,

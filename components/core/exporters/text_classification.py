@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.core.artifacts import ExportResult
-from components.core.errors import ExportError, one_line
-from components.core.exporters.families import FAMILIES
-from components.core.exporters.text_common import (
+from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.errors import ExportError, one_line
+from ortpack.components.core.exporters.families import FAMILIES
+from ortpack.components.core.exporters.text_common import (
     classifier_input_names,
     config_labels,
     dummy_text_inputs,
@@ -47,8 +47,8 @@ from components.core.exporters.text_common import (
     torch_text_latency,
     weights_file,
 )
-from components.core.specs import ExportSpec
-from components.core.validation_data import validation_sentences
+from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.validation_data import validation_sentences
 
 log = logging.getLogger("ortpack.export")
 
@@ -167,7 +167,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     # the family's fuser (ORT's BERT fusions or onnxscript's both fuse a TorchScript graph);
     # an architecture outside the families table is not fused
     family = FAMILIES.get(str(config.model_type))
-    return ExportResult(  # written once, by components.core.export.export_model
+    return ExportResult(  # written once, by ortpack.components.core.export.export_model
         task="text-classification",
         name=spec.name,
         source=huggingface_source(config, model_dir, weights),

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.core.errors import ExportError, ModelLoadError, one_line
-from components.core.exporters.families import FAMILIES
-from components.core.specs import ExportSpec
-from components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
-from serving.contracts import TextOptions
+from ortpack.components.core.errors import ExportError, ModelLoadError, one_line
+from ortpack.components.core.exporters.families import FAMILIES
+from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
+from ortpack.kernel.contracts import TextOptions
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 REFERENCE_BATCH = 32  # texts per PyTorch call for the reference outputs
@@ -154,7 +154,7 @@ def save_tokenizer_json(tokenizer: Any, path: Path) -> None:
 
 
 def tokenizer_settings(tokenizer: Any, max_length: int, input_names: tuple[str, ...]) -> dict[str, Any]:
-    """The manifest's tokenizer section of a text export (serving.contracts.TokenizerSettings)."""
+    """The manifest's tokenizer section of a text export (ortpack.kernel.contracts.TokenizerSettings)."""
     return {
         "file": "tokenizer.json",
         "max_length": max_length,
@@ -223,7 +223,7 @@ def torch_text_latency(
 
 def huggingface_source(config: Any, model_dir: Path, weights: Path) -> dict[str, Any]:
     """The manifest's source record of a local Hugging Face checkpoint."""
-    from serving.bundle import sha256_file
+    from ortpack.kernel.bundle import sha256_file
 
     return {
         "kind": "huggingface",

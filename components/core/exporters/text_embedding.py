@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.core.artifacts import ExportResult
-from components.core.errors import ExportError, ModelLoadError, one_line
-from components.core.exporters.families import EncoderFamily, family_for
-from components.core.exporters.text_common import (
+from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.errors import ExportError, ModelLoadError, one_line
+from ortpack.components.core.exporters.families import EncoderFamily, family_for
+from ortpack.components.core.exporters.text_common import (
     INPUT_NAMES,
     dummy_text_inputs,
     encoder_info,
@@ -47,9 +47,9 @@ from components.core.exporters.text_common import (
     tokenizer_settings,
     torch_text_latency,
 )
-from components.core.specs import ExportSpec
-from components.core.validation_data import validation_sentences
-from serving.contracts import TextOptions
+from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.validation_data import validation_sentences
+from ortpack.kernel.contracts import TextOptions
 
 log = logging.getLogger("ortpack.export")
 
@@ -456,7 +456,7 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
     torch_latency = _torch_latency(module, encoder, max_length)
 
     config = encoder.config
-    return ExportResult(  # written once, by components.core.export.export_model
+    return ExportResult(  # written once, by ortpack.components.core.export.export_model
         task="text-embedding",
         name=spec.name,
         source=huggingface_source(config, model_dir, weights),

@@ -11,8 +11,8 @@ only numpy and the library at import time; torch and onnxruntime load inside fun
 registry is cheap to consult (the CLI validates options with it before any heavy work).
 
 The checks of a spec that need the family live here too (`check_export_spec`, `check_build_spec`,
-`thresholds_for`): components.core.specs does not import the registry. A task's options are
-its contract's (serving/contracts/<task>.py: `ExportSpec` checks them).
+`thresholds_for`): ortpack.components.core.specs does not import the registry. A task's options are
+its contract's (kernel/contracts/<task>.py: `ExportSpec` checks them).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from functools import cache
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from components.core.errors import InvalidSpecError, did_you_mean
-from components.core.specs import unknown_task
-from components.core.tasks.family import TaskFamily
+from ortpack.components.core.errors import InvalidSpecError, did_you_mean
+from ortpack.components.core.specs import unknown_task
+from ortpack.components.core.tasks.family import TaskFamily
 
 if TYPE_CHECKING:
-    from components.core.specs import BuildSpec, ExportSpec, ParityThresholds
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, ParityThresholds
 
 
 # The registered families: each is components/core/tasks/<module>.py, whose FAMILY it is
@@ -40,7 +40,7 @@ FAMILY_MODULES = (
 
 @cache
 def _registry() -> dict[str, TaskFamily]:
-    families = [import_module(f"components.core.tasks.{module}").FAMILY for module in FAMILY_MODULES]
+    families = [import_module(f"ortpack.components.core.tasks.{module}").FAMILY for module in FAMILY_MODULES]
     return {f.name: f for f in families}
 
 

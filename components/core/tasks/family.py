@@ -1,7 +1,7 @@
 """The shape of a task family (`TaskFamily`) and the values its functions return.
 
 A leaf of the task package: the family modules (text_embedding.py, ...) import these types, and
-the registry in `components.core.tasks` imports the family modules.
+the registry in `ortpack.components.core.tasks` imports the family modules.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from components.core.artifacts import ExportResult
-    from components.core.specs import ExportSpec, ParityThresholds
-    from serving.probe import Probe
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.specs import ExportSpec, ParityThresholds
+    from ortpack.kernel.probe import Probe
 
 
 @dataclass(frozen=True, kw_only=True)

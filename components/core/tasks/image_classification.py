@@ -8,7 +8,7 @@ torchvision's uint8 pipeline, at batch 1 and batch 8 (same-size groups), and on 
 encoded JPEG/PNG files through the server's decoder and the graph, against PyTorch on Pillow's
 full decode. The images are the user's photos (`--validation-images`) or generated ones
 (components/core/validation_data.py). The reduced JPEG decode the export chose (if any) is
-measured too and recorded for the server (serving/images.py).
+measured too and recorded for the server (kernel/images.py).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from components.core.recipes import STATIC_INT8_RECIPES
-from components.core.specs import ParityThresholds
-from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from serving.contracts.image_classification import CONTRACT
-from serving.gates import decisive_rows, probability_metrics, topk_overlap
+from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.kernel.contracts.image_classification import CONTRACT
+from ortpack.kernel.gates import decisive_rows, probability_metrics, topk_overlap
 
 if TYPE_CHECKING:
-    from components.core.artifacts import ExportResult
-    from components.core.specs import ExportSpec
-    from serving.probe import Probe
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.specs import ExportSpec
+    from ortpack.kernel.probe import Probe
 
 log = logging.getLogger("ortpack.optimize")
 
@@ -56,14 +56,14 @@ THRESHOLDS = {
 
 
 def resolve_source(value: str) -> tuple[str, str]:
-    from components.core.exporters.image_models import parse_image_source
+    from ortpack.components.core.exporters.image_models import parse_image_source
 
     source = parse_image_source(value)
     return source.value, source.default_name
 
 
 def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
-    from components.core.exporters.image_classification import export_image_classifier
+    from ortpack.components.core.exporters.image_classification import export_image_classifier
 
     return export_image_classifier(spec, out_dir)
 
@@ -82,7 +82,7 @@ def check_signature(session: Any) -> list[str]:
 
 def _pixel_diff(images: list[np.ndarray], ref: Any, export_dir: Path) -> dict[str, float]:
     """The exported preprocessing graph's pixels against torchvision's, in uint8 levels."""
-    from serving.runtime import SessionPlan, create_session
+    from ortpack.kernel.runtime import SessionPlan, create_session
 
     path = export_dir / "preprocess.onnx"
     if not path.is_file():
@@ -103,7 +103,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
     """Probabilities at batch 1 (every image) and 8 (same-size groups); top-1/top-5 agreement;
     pixel agreement of the preprocessing with torchvision's; and the served path from the encoded
     files (`served_path`). The gated numbers are the worst of batch 1, batch 8 and the exact
-    served path; the reduced decode is recorded for the server to check (serving/images.py)."""
+    served path; the reduced decode is recorded for the server to check (kernel/images.py)."""
     images = raw_images(ref)
     expected = ref["outputs"].astype(np.float64)
     single = np.concatenate([session.run(None, {"images": im[None]})[0] for im in images])
@@ -149,7 +149,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 def raw_images(ref: Any) -> list[np.ndarray]:
     """The raw-pixel validation set: the user's photos (lossless PNGs in the reference), or the
     generated images rendered again from their specs."""
-    from components.core.validation_data import ImageSpec, render_image, unpack_files
+    from ortpack.components.core.validation_data import ImageSpec, render_image, unpack_files
 
     if "raw_data" in ref:
         return [_decode_png(data) for data in unpack_files(ref["raw_offsets"], ref["raw_data"])]
@@ -169,9 +169,9 @@ def _decode_png(data: bytes) -> np.ndarray:
 def calibration_images(export_dir: Path) -> list[np.ndarray]:
     """What static int8 is calibrated on: the user's calibration photos (decoded as the server
     decodes them), else generated images disjoint from the validation set."""
-    from components.core.exporters.image_classification import CALIBRATION_FILE
-    from components.core.validation_data import render_image, unpack_files, validation_images
-    from serving.images import ImageDecoder
+    from ortpack.components.core.exporters.image_classification import CALIBRATION_FILE
+    from ortpack.components.core.validation_data import render_image, unpack_files, validation_images
+    from ortpack.kernel.images import ImageDecoder
 
     path = Path(export_dir) / CALIBRATION_FILE
     if not path.is_file():
@@ -183,14 +183,14 @@ def calibration_images(export_dir: Path) -> list[np.ndarray]:
 
 def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
     """The whole served path on the encoded validation files: the server's decoder
-    (serving/images.py), then the graph at batch 1, against PyTorch on Pillow's full decode.
+    (kernel/images.py), then the graph at batch 1, against PyTorch on Pillow's full decode.
 
     `served.exact.*`: exact decoding. When the export chose reduced JPEG decoding as the server's
     default (its `decode_min_side`), also `served.reduced.*` (end to end) and `decode.reduced.*`
     (this variant's outputs with reduced against exact decoding, on the files it reduces: what
-    the decode gate, `serving.images.DECODE_GATE`, judges) and `decode.reduced.min_side`."""
-    from components.core.validation_data import unpack_files
-    from serving.images import ImageDecoder
+    the decode gate, `ortpack.kernel.images.DECODE_GATE`, judges) and `decode.reduced.min_side`."""
+    from ortpack.components.core.validation_data import unpack_files
+    from ortpack.kernel.images import ImageDecoder
 
     files = unpack_files(ref["served_offsets"], ref["served_data"])
     expected = ref["served_outputs"].astype(np.float64)
@@ -221,8 +221,8 @@ def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
 
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
-    from components.core.exporters.image_classification import BENCH_SHAPES
-    from components.core.validation_data import ImageSpec, render_image
+    from ortpack.components.core.exporters.image_classification import BENCH_SHAPES
+    from ortpack.components.core.validation_data import ImageSpec, render_image
 
     return {
         key: (n, {"images": np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)])})
@@ -237,11 +237,11 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     candidate's numbers. A pinned `recipe` is built alone, untried (the validate step gates it)."""
     import shutil
 
-    from components.core.artifacts import load_arrays
-    from components.core.graph_recipes import quantize_int8_static
-    from components.core.recipes import PINNED_RULE
-    from serving.gates import gate
-    from serving.runtime import DISABLED_OPTIMIZERS
+    from ortpack.components.core.artifacts import load_arrays
+    from ortpack.components.core.graph_recipes import quantize_int8_static
+    from ortpack.components.core.recipes import PINNED_RULE
+    from ortpack.kernel.gates import gate
+    from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
     if recipe:
         quantize_int8_static(src, dst, calibration_images(export_dir), recipe)
@@ -284,8 +284,8 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     runs the decoder the server will use without gating the decode approximation twice (the
     parity gate judged it on the whole set). Small files only: the probe travels in the bundle;
     decisive ones where there are enough."""
-    from components.core.validation_data import unpack_files
-    from serving.probe import Probe
+    from ortpack.components.core.validation_data import unpack_files
+    from ortpack.kernel.probe import Probe
 
     side = int(export.task_settings["preprocessing"].get("decode_min_side", 0))
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
@@ -294,7 +294,7 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
         formats, short = [str(f) for f in ref["served_formats"]], ref["served_sizes"].min(axis=1)
     small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES]
     # files PyTorch classifies decisively, when there are enough: a node's numbers are checked on
-    # what they decide, not on coin flips between two classes (serving/gates.py DECISIVE_MARGIN)
+    # what they decide, not on coin flips between two classes (kernel/gates.py DECISIVE_MARGIN)
     decisive = decisive_rows(outputs)
     if sum(1 for i in small if decisive[i]) >= PROBE_IMAGES:
         small = [i for i in small if decisive[i]]

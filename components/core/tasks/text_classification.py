@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import components.core.tasks.text_embedding as text
-from components.core.recipes import dynamic_recipe_names
-from components.core.specs import ParityThresholds
-from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from serving.contracts.text_classification import CONTRACT
-from serving.gates import probability_metrics, rank_agreement, topk_overlap
+import ortpack.components.core.tasks.text_embedding as text
+from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.kernel.contracts.text_classification import CONTRACT
+from ortpack.kernel.gates import probability_metrics, rank_agreement, topk_overlap
 
 if TYPE_CHECKING:
-    from components.core.artifacts import ExportResult
-    from components.core.specs import ExportSpec
-    from serving.probe import Probe
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.specs import ExportSpec
+    from ortpack.kernel.probe import Probe
 
 PROBE_ITEMS = 48
 
@@ -41,7 +41,7 @@ THRESHOLDS = {
 
 
 def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
-    from components.core.exporters.text_classification import export_text_classifier
+    from ortpack.components.core.exporters.text_classification import export_text_classifier
 
     return export_text_classifier(spec, out_dir)
 
@@ -112,7 +112,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """Classifiers: 48 varied texts (as text-embedding picks them). Cross-encoders: whole queries
     (all their documents, so rank agreement is measurable), 48 pairs."""
-    from serving.probe import Probe
+    from ortpack.kernel.probe import Probe
 
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         texts = [str(t) for t in ref["texts"]]

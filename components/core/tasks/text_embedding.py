@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from components.core.recipes import dynamic_recipe_names
-from components.core.specs import ParityThresholds
-from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from serving.contracts.text_embedding import CONTRACT
-from serving.gates import cosine_rows, neighbour_overlap
+from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.kernel.contracts.text_embedding import CONTRACT
+from ortpack.kernel.gates import cosine_rows, neighbour_overlap
 
 if TYPE_CHECKING:
-    from components.core.artifacts import ExportResult
-    from components.core.specs import ExportSpec
-    from serving.probe import Probe
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.specs import ExportSpec
+    from ortpack.kernel.probe import Probe
 
 OUTPUT = "sentence_embedding"
 PADDED_BATCH = 32
@@ -39,13 +39,13 @@ THRESHOLDS = {
 
 
 def resolve_source(value: str) -> tuple[str, str]:
-    from components.core.sources import resolve_checkpoint
+    from ortpack.components.core.sources import resolve_checkpoint
 
     return resolve_checkpoint(value)
 
 
 def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
-    from components.core.exporters.text_embedding import export_text_embedding
+    from ortpack.components.core.exporters.text_embedding import export_text_embedding
 
     return export_text_embedding(spec, out_dir)
 
@@ -132,7 +132,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
     """Full batches of random token ids at the shapes PyTorch was timed at (b1×16, b16×128)."""
-    from components.core.timing import synthetic_text_batch, text_bench_shapes
+    from ortpack.components.core.timing import synthetic_text_batch, text_bench_shapes
 
     tokenizer = export.task_settings["tokenizer"]
     names = list(tokenizer["model_input_names"])
@@ -154,8 +154,8 @@ def quantize_int8_fixed(src: Path, dst: Path, export: ExportResult, export_dir: 
     """Dynamic int8 without a search: the pinned recipe, else 7-bit per-channel weights (the
     search's first recipe); the encoder family says which MatMuls quantize their activations per
     token (`EncoderFamily.int8_per_token`: MPNet's second FFN MatMul)."""
-    from components.core.graph_recipes import quantize_int8_dynamic
-    from components.core.recipes import PER_CHANNEL, dynamic_recipe
+    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
+    from ortpack.components.core.recipes import PER_CHANNEL, dynamic_recipe
 
     chosen = dynamic_recipe(recipe) if recipe else PER_CHANNEL
     quantize_int8_dynamic(src, dst, per_token=_per_token(export), recipe=chosen)
@@ -169,10 +169,10 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     from dataclasses import replace
     from functools import partial
 
-    from components.core.artifacts import load_arrays
-    from components.core.graph_recipes import quantize_int8_dynamic
-    from components.core.int8_search import Candidate, search
-    from components.core.recipes import DYNAMIC_INT8_RECIPES, PINNED_RULE, DynamicInt8
+    from ortpack.components.core.artifacts import load_arrays
+    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
+    from ortpack.components.core.int8_search import Candidate, search
+    from ortpack.components.core.recipes import DYNAMIC_INT8_RECIPES, PINNED_RULE, DynamicInt8
 
     if recipe:
         quantize_int8_fixed(src, dst, export, export_dir, recipe)
@@ -200,7 +200,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
 
 
 def _per_token(export: ExportResult) -> tuple[str, ...]:
-    from components.core.exporters.families import FAMILIES
+    from ortpack.components.core.exporters.families import FAMILIES
 
     family = FAMILIES.get(str(export.model_info.get("model_type", "")))
     return family.int8_per_token if family is not None else ()
@@ -215,9 +215,9 @@ class _SearchSet:
 
     @classmethod
     def build(cls, fp32: Path, export: ExportResult, export_dir: Path) -> _SearchSet:
-        from components.core.validation_data import retrieval_queries, validation_sentences
-        from serving.contracts import TextSettings
-        from serving.text import probe_prepare
+        from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
+        from ortpack.kernel.contracts import TextSettings
+        from ortpack.serving.text import probe_prepare
 
         settings = export.settings()
         if not isinstance(settings, TextSettings):
@@ -235,9 +235,9 @@ class _SearchSet:
 
     def judge(self, path: Path) -> Any:
         """The candidate's numbers and misses; one that misses on the probe is not run further."""
-        from components.core.compat import compare_rows, cross_space_recall
-        from components.core.int8_search import Judged
-        from serving.gates import gate
+        from ortpack.components.core.compat import compare_rows, cross_space_recall
+        from ortpack.components.core.int8_search import Judged
+        from ortpack.kernel.gates import gate
 
         session, p, q = _candidate_session(path), self.probe, self.probe + self.queries
         thresholds = THRESHOLDS["int8"].as_dict()
@@ -269,7 +269,7 @@ def _whole_gate(ref: Any, export_dir: Path, path: Path) -> Any:
     sentence at batch 1 and in padded batches of 32): the search's subset misses what padding
     does to dynamic quantization (all-mpnet-base-v2 at 128 tokens, per channel with int8
     embeddings: min cosine 0.93 at batch 1, 0.83 in the padded batches)."""
-    from components.core.int8_search import Judged
+    from ortpack.components.core.int8_search import Judged
 
     values = compare(_candidate_session(path), ref, export_dir).values
     quality = {f"gate_{k}": values[k] for k in ("min_cosine", "mean_cosine", "neighbour_agreement") if k in values}
@@ -277,7 +277,7 @@ def _whole_gate(ref: Any, export_dir: Path, path: Path) -> Any:
 
 
 def _candidate_session(path: Path) -> Any:
-    from components.core.int8_search import session
+    from ortpack.components.core.int8_search import session
 
     return session(path)
 
@@ -294,7 +294,7 @@ def _embed_each(session: Any, payloads: list[np.ndarray]) -> np.ndarray:
 
 def fuse(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str, int], str]:
     """The encoder family's fusions (components/core/exporters/families.py)."""
-    from components.core.graph_recipes import fuse_graph
+    from ortpack.components.core.graph_recipes import fuse_graph
 
     return fuse_graph(raw, export, use_gpu)
 
@@ -325,7 +325,7 @@ def select_indices(texts: list[str], lengths: np.ndarray, count: int = PROBE_TEX
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
-    from serving.probe import Probe
+    from ortpack.kernel.probe import Probe
 
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         texts = [str(t) for t in ref["texts"]]

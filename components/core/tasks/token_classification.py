@@ -5,7 +5,7 @@ components/core/exporters/token_classification.py), token ids to `probabilities`
 
 Gated on max |diff| of the per-token probabilities and on token-label agreement (the share of
 real tokens whose label is kept; also on the decisive tokens alone), at batch 1 and at padded
-batches of 32. The contract (its section and gate table) is serving/contracts/token_classification.py.
+batches of 32. The contract (its section and gate table) is kernel/contracts/token_classification.py.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import components.core.tasks.text_embedding as text
-from components.core.recipes import dynamic_recipe_names
-from components.core.specs import ParityThresholds
-from components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from serving.contracts.token_classification import CONTRACT, PAD, token_metrics
+import ortpack.components.core.tasks.text_embedding as text
+from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.kernel.contracts.token_classification import CONTRACT, PAD, token_metrics
 
 if TYPE_CHECKING:
-    from components.core.artifacts import ExportResult
-    from components.core.specs import ExportSpec
-    from serving.probe import Probe
+    from ortpack.components.core.artifacts import ExportResult
+    from ortpack.components.core.specs import ExportSpec
+    from ortpack.kernel.probe import Probe
 
 PROBE_ITEMS = 48
 OUTPUT = "probabilities"
@@ -40,7 +40,7 @@ THRESHOLDS = {
 
 
 def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
-    from components.core.exporters.token_classification import export_token_classifier
+    from ortpack.components.core.exporters.token_classification import export_token_classifier
 
     return export_token_classifier(spec, out_dir)
 
@@ -111,7 +111,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """48 varied texts (as text-embedding picks them) with their per-token probabilities."""
-    from serving.probe import Probe
+    from ortpack.kernel.probe import Probe
 
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         texts = [str(t) for t in ref["texts"]]

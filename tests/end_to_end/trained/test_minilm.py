@@ -11,10 +11,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_minilm_build_matches_sentence_transformers(tmp_path: Path) -> None:
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
-    from components.core.tasks import resolve_model_source
-    from serving.bundle import verify_bundle
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.components.core.tasks import resolve_model_source
+    from ortpack.kernel.bundle import verify_bundle
 
     source, name = resolve_model_source("all-MiniLM-L6-v2", "text-embedding")
     spec = BuildSpec(

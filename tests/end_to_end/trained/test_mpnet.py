@@ -34,8 +34,8 @@ RECIPE = "per-channel"  # what the int8 search chooses for all-mpnet-base-v2 at 
 def _heldout(n: int) -> list[str]:
     """Shipped queries the build never saw: the int8 search judges its candidates on the first
     SEARCH_QUERIES, the gate on the validation sentences."""
-    from components.core.tasks.text_embedding import SEARCH_QUERIES
-    from components.core.validation_data import retrieval_queries
+    from ortpack.components.core.tasks.text_embedding import SEARCH_QUERIES
+    from ortpack.components.core.validation_data import retrieval_queries
 
     return list(retrieval_queries()[SEARCH_QUERIES : SEARCH_QUERIES + n])
 
@@ -56,9 +56,9 @@ def _neighbours(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
 def test_mpnet_fp32_and_int8_pass_on_real_weights(tmp_path: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
-    from serving.bundle import verify_bundle
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.kernel.bundle import verify_bundle
 
     source = mpnet_dir()
     spec = BuildSpec(

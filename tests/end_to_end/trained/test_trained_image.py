@@ -20,8 +20,8 @@ def lite0(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]
     """(bundle, held-out photos, weights): fp32 and int8 built through the normal path."""
     from torchvision.models import ResNet50_Weights
 
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
     from tests.photos import write_photo_sets
     from tests.trained import NotInstalled, efficientnet_lite0_weights
 
@@ -54,7 +54,7 @@ def lite0(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]
 
 
 def test_lite0_passes_its_gates_on_photos(lite0: tuple[Path, Path, object]) -> None:
-    from serving.bundle import verify_bundle
+    from ortpack.kernel.bundle import verify_bundle
 
     bundle, _, result = lite0
     manifest = verify_bundle(bundle)

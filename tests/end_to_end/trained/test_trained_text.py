@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def _build(checkpoint: Path, out: Path) -> Path:
-    from components.core.build import build_bundle
-    from components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
 
     spec = BuildSpec(
         export=ExportSpec(source=str(checkpoint), task="text-classification", name=checkpoint.name),
@@ -27,7 +27,7 @@ def _build(checkpoint: Path, out: Path) -> Path:
 
 @pytest.mark.parametrize(("num_labels", "metric"), [(3, "top1_agreement"), (1, "rank_agreement")])
 def test_minilm_trunk_classifier_and_reranker(num_labels: int, metric: str, tmp_path: Path) -> None:
-    from serving.bundle import verify_bundle
+    from ortpack.kernel.bundle import verify_bundle
 
     checkpoint = make_trunk_classifier(tmp_path / f"minilm-head{num_labels}", minilm_dir(), num_labels=num_labels)
     manifest = verify_bundle(_build(checkpoint, tmp_path / "dist"))

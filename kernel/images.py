@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
 FORMATS = ("JPEG", "PNG", "WEBP")
 DECODE_MODES = ("exact", "reduced")
@@ -42,7 +42,7 @@ _UPRIGHT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
 
 # The reduced decode's own gate, against the exact decode through the same model (the PyTorch
 # reference at export, each variant at validation): it changes pixels by design, so it is judged
-# on what a client sees. Top-1 agreement 99.5% on the decisive images (serving/gates.py: a flip
+# on what a client sees. Top-1 agreement 99.5% on the decisive images (kernel/gates.py: a flip
 # between two classes the model itself nearly ties is not a decoding error; the margin was
 # measured for it: docs/image-classification.md), top-5 95%, and no probability moving by more
 # than 0.1. The variant's own top-1/top-5 gate applies to the served path end to end on top.
@@ -142,8 +142,8 @@ def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str
     """Why a variant's parity record does not validate reduced decoding at `reduce_to` (empty: it
     does). The record must hold the reduced path measured at that size, within `DECODE_GATE`
     against the exact decode and within the variant's own top-1/top-5 gate end to end."""
-    from serving.contracts.image_classification import CONTRACT
-    from serving.gates import gate
+    from ortpack.kernel.contracts.image_classification import CONTRACT
+    from ortpack.kernel.gates import gate
 
     measured = values.get("decode.reduced.min_side")
     if measured is None:

@@ -12,7 +12,7 @@ Sources, named by a URI:
   `AWS_ENDPOINT_URL` for S3-compatible servers. `minio://bucket/...` (what Kubeflow Pipelines
   calls its artifact store) is the same, and needs `AWS_ENDPOINT_URL` (the MinIO service).
 - `oci://HOST[:PORT]/REPO@sha256:...` or `oci://HOST[:PORT]/REPO:TAG`: an OCI artifact pushed by
-  `ortpack bundle push` (serving.oci, the `oci` extra): the manifest digest is checked when the
+  `ortpack bundle push` (ortpack.kernel.oci, the `oci` extra): the manifest digest is checked when the
   reference is pinned, every layer's size and sha256 always.
 
 A tar may hold the bundle files at its root or inside one top-level directory; the returned
@@ -22,7 +22,7 @@ the caller runs `verify_bundle` on what `fetch_bundle` returns.
 Safety: an archive or a bucket is untrusted input. Before anything is written we refuse absolute
 paths, paths with a `..` component, paths that resolve outside the target, symbolic and hard
 links, devices and FIFOs, more than 10,000 entries, more than 20 GiB of declared content (the rules
-and limits are serving.archive's, worded by `serving.bundle.BUNDLE_RULES`), and more declared
+and limits are ortpack.kernel.archive's, worded by `ortpack.kernel.bundle.BUNDLE_RULES`), and more declared
 content than the cache's filesystem has free; `tarfile`'s `data` filter then runs as a second line
 of defence. Everything is written into a hidden temporary directory under the cache and renamed
 into place only when complete, so a failed fetch leaves nothing behind. Every failure is a
@@ -61,8 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from serving.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, extract_tar, gib
-from serving.bundle import BUNDLE_RULES, MANIFEST_NAME, BundleError, sha256_file
+from ortpack.kernel.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, extract_tar, gib
+from ortpack.kernel.bundle import BUNDLE_RULES, MANIFEST_NAME, BundleError, sha256_file
 
 MAX_MEMBERS = BUNDLE_MAX_MEMBERS
 MAX_TOTAL_BYTES = BUNDLE_MAX_BYTES
@@ -338,10 +338,10 @@ def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Pa
 
 
 def _fetch_oci(uri: str, cache_dir: Path) -> Fetched:
-    """Pull an OCI artifact (serving.oci checks the manifest digest when pinned and every layer's
+    """Pull an OCI artifact (ortpack.kernel.oci checks the manifest digest when pinned and every layer's
     digest); the cache entry is named by the manifest digest, so a pinned reference that an
     earlier start verified is not pulled again."""
-    from serving.oci import OciReference, pull_bundle
+    from ortpack.kernel.oci import OciReference, pull_bundle
 
     pinned = OciReference.parse(uri).digest
     if pinned:

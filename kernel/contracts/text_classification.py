@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from serving.contracts.base import Strict, TaskContract, TextOptions, TextSettings
-from serving.gates import ceiling, floor, gate_table
+from ortpack.kernel.contracts.base import Strict, TaskContract, TextOptions, TextSettings
+from ortpack.kernel.gates import ceiling, floor, gate_table
 
 
 class Classification(Strict):
@@ -35,5 +35,5 @@ CONTRACT = TaskContract(
         floor("decisive_top1_agreement"),
         floor("rank_agreement"),
     ),
-    plugin="serving.tasks.text_classification",
+    plugin="ortpack.serving.tasks.text_classification",
 )

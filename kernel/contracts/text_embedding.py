@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from serving.contracts.base import Strict, TaskContract, TextOptions, TextSettings
-from serving.gates import ceiling, floor, gate_table
+from ortpack.kernel.contracts.base import Strict, TaskContract, TextOptions, TextSettings
+from ortpack.kernel.gates import ceiling, floor, gate_table
 
 
 class Pooling(Strict):
@@ -32,5 +32,5 @@ CONTRACT = TaskContract(
         floor("mean_cosine", "mean_cosine"),
         floor("neighbour_agreement"),
     ),
-    plugin="serving.tasks.text_embedding",
+    plugin="ortpack.serving.tasks.text_embedding",
 )

@@ -10,7 +10,7 @@ Two kinds of expression:
   `>= <= > < ==`. It applies to the variants the selector names; a variant that records no such
   metric misses it (nothing proves it).
 - `space=ID`, e.g. `space=sha256:2841aa86124a86b7`: the variant's embedding space
-  (serving.bundle.EmbeddingSpace) must be ID; it applies to every variant.
+  (ortpack.kernel.bundle.EmbeddingSpace) must be ID; it applies to every variant.
 
 A variant that misses any expression that applies to it is excluded from selection; when none is
 left the bundle is refused with one line naming the expression and what the bundle recorded. A
@@ -27,8 +27,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from serving.bundle import BundleError, Manifest, Variant, embedding_space
-from serving.targets import PRECISIONS
+from ortpack.kernel.bundle import BundleError, Manifest, Variant, embedding_space
+from ortpack.kernel.targets import PRECISIONS
 
 ENV_SEPARATOR = ";"  # ORTPACK_REQUIRE holds several expressions: `a>=1;b<=2`
 

@@ -10,7 +10,7 @@ signature covers are exactly the files on disk (except `model.sig`): a file adde
 changed after signing is refused, and so is a signature that leaves a file out (the library by
 itself skips `.git*` paths and honours ignore lists written by the signer; we do not).
 
-Nothing here replaces `serving.bundle.verify_bundle`: the signature proves who produced these
+Nothing here replaces `ortpack.kernel.bundle.verify_bundle`: the signature proves who produced these
 exact files, the manifest's checksums then tie the files to what the pipeline validated.
 
 `model-signing` (the `sign` extra) is imported inside the functions: a server started without
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serving.bundle import BundleError
+from ortpack.kernel.bundle import BundleError
 
 SIGNATURE_NAME = "model.sig"
 SUPPORTED_CURVES = ("secp256r1", "secp384r1", "secp521r1")
@@ -72,7 +72,7 @@ def sign_bundle(bundle_dir: Path, private_key_path: Path, *, password: str | Non
     is signed. An existing `model.sig` is replaced. Raises `BundleError` (a `SigningKeyError` for
     an unusable key) with one line.
     """
-    from serving.bundle import verify_bundle
+    from ortpack.kernel.bundle import verify_bundle
 
     bundle_dir = Path(bundle_dir)
     verify_bundle(bundle_dir)
@@ -231,7 +231,7 @@ def _describe_difference(signed: dict[str, str], bundle_dir: Path, on_disk: list
 
 
 def _sha256(path: Path) -> str:
-    from serving.bundle import sha256_file
+    from ortpack.kernel.bundle import sha256_file
 
     return sha256_file(path)
 

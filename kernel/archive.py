@@ -1,8 +1,8 @@
 """Untrusted archives and paths: the limits and the safe-path rule, in one place.
 
-Everything that writes files named by someone else goes through here: `serving.sources` (bundle
-archives and s3 prefixes), `serving.oci` (the layers of an OCI artifact), `serving.bundle` (the
-paths a manifest lists) and `components.core.sources` (model checkpoints from a bucket, a URL or
+Everything that writes files named by someone else goes through here: `ortpack.kernel.sources` (bundle
+archives and s3 prefixes), `ortpack.kernel.oci` (the layers of an OCI artifact), `ortpack.kernel.bundle` (the
+paths a manifest lists) and `ortpack.components.core.sources` (model checkpoints from a bucket, a URL or
 the Hugging Face Hub).
 
 The rule: a path is relative (POSIX), has no `..` component, and once symbolic links are resolved
@@ -11,8 +11,8 @@ directories (no links, devices or FIFOs), and an archive holds at most a number 
 declared bytes; `extract_tar` then runs tarfile's "data" filter as a second line of defence.
 
 Each caller keeps its own exception class and wording (its users and tests read them): it
-describes them once in an `ArchiveRules` (`serving.bundle.BUNDLE_RULES`, the checkpoint rules in
-`components.core.sources`), with the limits below.
+describes them once in an `ArchiveRules` (`ortpack.kernel.bundle.BUNDLE_RULES`, the checkpoint rules in
+`ortpack.components.core.sources`), with the limits below.
 
 Only the standard library is imported here.
 """

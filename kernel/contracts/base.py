@@ -1,7 +1,7 @@
 """The shape of a task contract (`TaskContract`) and the pieces several tasks share.
 
 A leaf of the contracts package: the task modules (text_embedding.py, ...) import these types and
-the registry in `serving.contracts` imports the task modules. pydantic and the standard library
+the registry in `ortpack.kernel.contracts` imports the task modules. pydantic and the standard library
 only: the pipeline, the server and the bundle reader all import contracts.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from serving.gates import GateTable
+    from ortpack.kernel.gates import GateTable
 
 
 class Strict(BaseModel):
@@ -77,7 +77,7 @@ class TextSettings(TaskSettings):
 @dataclass(frozen=True, kw_only=True)
 class TaskContract:
     """What a task is, as data both sides read: its manifest section, its export options, the numbers that gate it
-    (threshold name -> `serving.gates.Gate`, in the order checks and reports list them) and the
+    (threshold name -> `ortpack.kernel.gates.Gate`, in the order checks and reports list them) and the
     serving plugin (`serving/tasks/<task>.py`, whose `TASK` serves it; imported by name so that
     reading a manifest never imports the server)."""
 

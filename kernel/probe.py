@@ -1,7 +1,7 @@
 """The probe set: a few validation inputs with their PyTorch reference outputs, carried in every
 bundle (`probe/probe.npz`) and replayed through a variant on the node that will serve it.
 
-A quantized graph's numbers depend on the CPU that runs it (serving/hardware.py), and an
+A quantized graph's numbers depend on the CPU that runs it (kernel/hardware.py), and an
 optimized graph's on the ONNX Runtime build and execution provider: a gate passed on the build
 machine proves nothing about another. So before a server turns ready it runs the probe through
 the variant it is about to serve, the way it serves (the bundle's tokenizer, the server's image
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.gates import GateTable, gate
+from ortpack.kernel.gates import GateTable, gate
 
 PROBE_FILE = "probe/probe.npz"
 

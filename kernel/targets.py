@@ -3,9 +3,9 @@ providers, precisions, offline optimization, fusions), what the pipeline builds 
 how the server picks among a bundle's variants (`--variant auto`: the targets in `TRY_ORDER`, each
 target's precisions in `preference` order when no benchmark from this kind of CPU ranks them).
 
-Read by the build (`components.core.specs` re-exports `Target` and `TARGETS`, and its
+Read by the build (`ortpack.components.core.specs` re-exports `Target` and `TARGETS`, and its
 `get_target` raises the components' InvalidSpecError), the pipeline, the report and the server
-(serving/selection.py). Standard library only.
+(kernel/selection.py). Standard library only.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ as the layer digest (so the same digest manifest.json records) and its path in t
 
 `pull_bundle` takes `oci://HOST[:PORT]/REPO@sha256:...` (pinned: the manifest's bytes must hash to
 that digest) or `...:TAG`, refuses a manifest that is not an ortpack bundle, a layer path that is
-absolute, has `..` or repeats, and more than a fetched bundle's limits (`serving.bundle.BUNDLE_RULES`,
-serving.archive's rules); then downloads each layer, checking its size and sha256 while streaming,
+absolute, has `..` or repeats, and more than a fetched bundle's limits (`ortpack.kernel.bundle.BUNDLE_RULES`,
+ortpack.kernel.archive's rules); then downloads each layer, checking its size and sha256 while streaming,
 into a hidden directory renamed into place when complete. The caller then verifies the bundle as
 usual (`verify_bundle`, `verify_signature`).
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.bundle import BUNDLE_RULES, BundleError
+from ortpack.kernel.bundle import BUNDLE_RULES, BundleError
 
 SCHEME = "oci://"
 ARTIFACT_TYPE = "application/vnd.ortpack.bundle.v1+json"
@@ -139,7 +139,7 @@ def push_bundle(bundle_dir: Path, reference: str) -> str:
     The bundle is verified first (`verify_bundle`); the registry checks each upload against its
     digest. Without a tag the manifest is pushed by digest only.
     """
-    from serving.bundle import verify_bundle
+    from ortpack.kernel.bundle import verify_bundle
 
     bundle_dir = Path(bundle_dir)
     target = OciReference.parse(reference)
@@ -159,7 +159,7 @@ def push_bundle(bundle_dir: Path, reference: str) -> str:
 
 def _bundle_layers(bundle_dir: Path, listed: Mapping[str, Any]) -> list[_Layer]:
     """One layer per regular file; digests from manifest.json where listed (verified just before), else hashed."""
-    from serving.bundle import sha256_file
+    from ortpack.kernel.bundle import sha256_file
 
     layers: list[_Layer] = []
     for dirpath, dirnames, filenames in os.walk(bundle_dir):
@@ -225,7 +225,7 @@ def push_modelcar(bundle_dir: Path, reference: str, *, base: str | None = None) 
     """Push `bundle_dir` as a KServe modelcar image (files under /models) to `oci://HOST/REPO:TAG`;
     return the pinned reference. `base`: `oci://...` of an image with a shell (its layers first,
     its config kept: the sidecar runs `sh -c ...`); without one the image holds only /models."""
-    from serving.bundle import verify_bundle
+    from ortpack.kernel.bundle import verify_bundle
 
     bundle_dir = Path(bundle_dir)
     target = OciReference.parse(reference)

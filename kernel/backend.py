@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from serving.bundle import Variant
+from ortpack.kernel.bundle import Variant
 
 
 class Backend(Protocol):
@@ -54,7 +54,7 @@ def load_session(
     core) spins: without it, its threads sleep between operators and two threads were slower
     than one (int8 MiniLM, b1 x ~19 tokens, AMD EPYC: 1 thread 3.55 ms, 2 threads 3.90 ms
     without spinning, 2.90 ms with it)."""
-    from serving.runtime import create_session, plan_for
+    from ortpack.kernel.runtime import create_session, plan_for
 
     plan = plan_for(variant)
     session = create_session(model, plan, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning)

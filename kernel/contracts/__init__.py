@@ -1,4 +1,4 @@
-"""Task contracts: for each task, one torch-free module (serving/contracts/<task>.py) that owns
+"""Task contracts: for each task, one torch-free module (kernel/contracts/<task>.py) that owns
 its data: the manifest section it writes and reads, the numbers that gate it and which serving
 plugin serves it. The bundle's Manifest is a union of the registered sections keyed by task, the
 gate is each task's own table, and the server finds a task's plugin here.
@@ -15,7 +15,14 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from serving.contracts.base import TaskContract, TaskOptions, TaskSettings, TextOptions, TextSettings, TokenizerSettings
+from ortpack.kernel.contracts.base import (
+    TaskContract,
+    TaskOptions,
+    TaskSettings,
+    TextOptions,
+    TextSettings,
+    TokenizerSettings,
+)
 
 __all__ = [
     "DEFAULT_TASK",
@@ -40,7 +47,7 @@ class UnknownTaskError(ValueError):
     """A task name no contract is registered for."""
 
 
-# The registered tasks: each is serving/contracts/<module>.py, whose CONTRACT it is (in this order)
+# The registered tasks: each is kernel/contracts/<module>.py, whose CONTRACT it is (in this order)
 TASK_MODULES = (
     "text_embedding",
     "image_classification",
@@ -51,7 +58,7 @@ TASK_MODULES = (
 
 @cache
 def _registry() -> dict[str, TaskContract]:
-    contracts = [import_module(f"serving.contracts.{module}").CONTRACT for module in TASK_MODULES]
+    contracts = [import_module(f"ortpack.kernel.contracts.{module}").CONTRACT for module in TASK_MODULES]
     return {c.name: c for c in contracts}
 
 

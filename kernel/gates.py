@@ -1,5 +1,5 @@
 """The parity gate's arithmetic, defined once: how a metric is compared with its threshold
-(`Gate`; each task lists its own in its contract, serving/contracts/<task>.py), and the metrics
+(`Gate`; each task lists its own in its contract, kernel/contracts/<task>.py), and the metrics
 themselves.
 
 Used by the pipeline's validate step (against the whole validation set) and by every serving
@@ -27,7 +27,7 @@ class Gate:
     threshold: str
 
 
-# threshold name -> its Gate: each task's own table (serving/contracts/<task>.py)
+# threshold name -> its Gate: each task's own table (kernel/contracts/<task>.py)
 GateTable = Mapping[str, Gate]
 
 

@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from serving.contracts.base import Strict, TaskContract, TaskOptions, TaskSettings
-from serving.gates import ceiling, floor, gate_table
+from ortpack.kernel.contracts.base import Strict, TaskContract, TaskOptions, TaskSettings
+from ortpack.kernel.gates import ceiling, floor, gate_table
 
 
 class ImagePreprocessing(Strict):
@@ -28,7 +28,7 @@ class ImagePreprocessing(Strict):
     # How the server decodes JPEGs by default, as the parity gate measured it: "exact" (every
     # pixel, like the PyTorch reference) or "reduced" (libjpeg's DCT scaling to the smallest of
     # 1/2, 1/4, 1/8 that keeps the shorter side >= decode_min_side). Each variant's parity values
-    # say whether its gate validated the reduced path (serving/images.py); bundles without the
+    # say whether its gate validated the reduced path (kernel/images.py); bundles without the
     # field decode exactly.
     decode: Literal["exact", "reduced"] = "exact"
     decode_min_side: int = Field(default=0, ge=0)
@@ -80,5 +80,5 @@ CONTRACT = TaskContract(
         floor("decisive_top1_agreement"),
         ceiling("max_pixel_diff"),
     ),
-    plugin="serving.tasks.image_classification",
+    plugin="ortpack.serving.tasks.image_classification",
 )

@@ -1,5 +1,5 @@
 """Which variant of a bundle a server loads: `--variant auto`'s order over the variants on this
-machine (the targets in `serving.targets.TRY_ORDER` whose provider onnxruntime has; within a
+machine (the targets in `ortpack.kernel.targets.TRY_ORDER` whose provider onnxruntime has; within a
 target, fastest first by the bundle's own benchmark when it was measured on this kind of CPU, else
 by the target's `preference`). The server (serving/service.py) tries the candidates in this order;
 the build report (components/core/report.py) applies the same ranking to say what a server would
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from serving.bundle import BundleError, Manifest, Variant
-from serving.hardware import HardwareInfo, this_machine
-from serving.targets import TARGETS, TRY_ORDER
+from ortpack.kernel.bundle import BundleError, Manifest, Variant
+from ortpack.kernel.hardware import HardwareInfo, this_machine
+from ortpack.kernel.targets import TARGETS, TRY_ORDER
 
 # For `--variant auto` without benchmark numbers from this kind of CPU: per target, the precisions
 # to prefer, best first (fp32 last: the most faithful, the fallback when a variant misses here).

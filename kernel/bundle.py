@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from serving.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, ArchiveRules, is_inside, is_safe_relpath
-from serving.contracts import TaskSettings, UnknownTaskError, get_contract, settings_union
-from serving.contracts.text_embedding import TextEmbeddingSettings
+from ortpack.kernel.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, ArchiveRules, is_inside, is_safe_relpath
+from ortpack.kernel.contracts import TaskSettings, UnknownTaskError, get_contract, settings_union
+from ortpack.kernel.contracts.text_embedding import TextEmbeddingSettings
 
 # 2: hardware records, the probe set and typed parity/benchmark sections (a version-1 bundle has no
 # probe for the node check: rebuild it).
-# 3: the task's own section, `task_settings`, keyed by its `task` (serving/contracts/<task>.py)
+# 3: the task's own section, `task_settings`, keyed by its `task` (kernel/contracts/<task>.py)
 # where version 2 had every task's optional sections at the top level (`upgrade_v2` reads those).
 SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
@@ -47,7 +47,7 @@ class BundleError(ValueError):
 
 
 # What a bundle fetched from an archive, an s3 prefix or an OCI registry may hold, and how its
-# refusals read (serving.sources, serving.oci; the rules themselves are serving.archive's).
+# refusals read (ortpack.kernel.sources, ortpack.kernel.oci; the rules themselves are ortpack.kernel.archive's).
 BUNDLE_RULES = ArchiveRules(
     max_members=BUNDLE_MAX_MEMBERS,
     max_bytes=BUNDLE_MAX_BYTES,
@@ -90,7 +90,7 @@ class FileEntry(_Strict):
 
 
 class HardwareRecord(_Strict):
-    """The machine a check or a measurement ran on (serving.hardware.HardwareInfo)."""
+    """The machine a check or a measurement ran on (ortpack.kernel.hardware.HardwareInfo)."""
 
     machine: str
     cpu_model: str
@@ -100,7 +100,7 @@ class HardwareRecord(_Strict):
 
 
 class ProbeRecord(_Strict):
-    """The probe check of one variant on one machine (serving.probe.ProbeResult)."""
+    """The probe check of one variant on one machine (ortpack.kernel.probe.ProbeResult)."""
 
     passed: bool
     values: dict[str, float]
@@ -259,7 +259,7 @@ class Manifest(_Strict):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     # what the task reads beyond the graph (tokenizer, pooling, preprocessing, labels...): the
-    # task's own model (serving/contracts/<task>.py), chosen by its `task` field
+    # task's own model (kernel/contracts/<task>.py), chosen by its `task` field
     task_settings: TaskSection
     probe: ProbeSet | None = None
     variants: list[Variant] = Field(min_length=1)
@@ -542,7 +542,7 @@ def verify_bundle(
 ) -> Manifest:
     """Read the manifest and check every listed file's size and sha256 (or only the files in
     `only`: a server verifies what it loads, not variants it will never open). `known` gives a
-    file's sha256 when it was hashed already (serving.startup.Prehash), else None.
+    file's sha256 when it was hashed already (ortpack.serving.startup.Prehash), else None.
 
     Raises `BundleError` naming the first problem: unknown schema version, a file the manifest
     points at but does not list, a missing file, a size or checksum mismatch. Files present but

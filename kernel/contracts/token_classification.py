@@ -9,8 +9,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from serving.contracts.base import TaskContract, TextOptions, TextSettings
-from serving.gates import ceiling, decisive_rows, floor, gate_table
+from ortpack.kernel.contracts.base import TaskContract, TextOptions, TextSettings
+from ortpack.kernel.gates import ceiling, decisive_rows, floor, gate_table
 
 
 class TokenOptions(TextOptions):
@@ -39,7 +39,7 @@ CONTRACT = TaskContract(
         floor("token_agreement"),
         floor("decisive_token_agreement"),
     ),
-    plugin="serving.tasks.token_classification",
+    plugin="ortpack.serving.tasks.token_classification",
 )
 
 

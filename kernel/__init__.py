@@ -1,0 +1,12 @@
+"""The kernel both sides stand on: what a bundle is and how its numbers are checked and run.
+
+The bundle contract (`bundle`), the task contracts (`contracts`: each task's manifest section,
+export options, tensors, gates and whether it has an embedding space), the gate arithmetic
+(`gates`), the probe set every serving node replays (`probe`), ONNX Runtime sessions (`runtime`),
+each task's engine (`engines`: inputs to payloads, the model call, post-processing, probe
+metrics), the tokenizer and the image decoder, hardware and targets, variant selection and
+policy, archives, signing, OCI registries and URI sources.
+
+It imports neither `ortpack.serving` nor `ortpack.components` (tests/test_import_boundary.py), nor
+torch, transformers or kfp: the serving image installs it with the serving side alone.
+"""
