@@ -3,7 +3,7 @@
     python bench/cold_start.py [--bundle dist/all-MiniLM-L6-v2] [--variant cpu-int8] [--runs 3]
         [--compare-with DIR] [--out bench/results/cold_start.json]
 
-Starts `python -m serving` `--runs` times (the bundle's every check on: sha256 of every file, the
+Starts `python -m ortpack.serving` `--runs` times (the bundle's every check on: sha256 of every file, the
 node probe check, warm-up) and polls /v2/health/ready as bench/serve_load.py does. Each start's
 ready line carries its start-up phases (serving/startup.py: began and ended, seconds since the
 server's `main` began); the table shows the median of each over the runs. `--compare-with DIR`

@@ -177,7 +177,7 @@ def _fmt_latency(v: dict[str, Any]) -> str:
 
 
 def markdown(rows: dict[str, dict[str, Any]]) -> str:
-    from ortpack.components.core.report import format_fusions
+    from ortpack.components.core.report.tables import format_fusions
 
     lines = [
         "| model_type | builds | exporter | nodes raw → fp32 | fuser | fusions (fp32) | fp32 gate: max diff / min cos "
@@ -209,7 +209,7 @@ def survey_markdown(rows: dict[str, dict[str, Any]]) -> str:
     """One row per family and pair: what fused, the gates, fp32 and int8 p50 at both shapes, and
     whether families.py now uses the pair (the survey is how it was chosen)."""
     from ortpack.components.core.exporters.families import FAMILIES
-    from ortpack.components.core.report import format_fusions
+    from ortpack.components.core.report.tables import format_fusions
 
     lines = [
         "| family: exporter + fuser | used now | nodes raw → fp32 | fusions (fp32) | fp32 / int8 gate "

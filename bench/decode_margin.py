@@ -35,13 +35,9 @@ DECISIVE = 0.02  # reference top-1 ahead of the second by at least this: not a t
 def measure(weights: Path, margins: list[float], images: int) -> dict[str, Any]:
     import torch
 
-    from ortpack.components.core.exporters.image_classification import (
-        Classifier,
-        classify_pixels,
-        load_network,
-        preprocessing_spec,
-        reference_decode,
-    )
+    from ortpack.components.core.exporters.image_classification import Classifier, classify_pixels
+    from ortpack.components.core.exporters.image_common import preprocessing_spec, reference_decode
+    from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
     from ortpack.components.core.specs import ExportSpec
     from ortpack.components.core.validation_data import EncodedImageSpec, encode_validation_image
     from ortpack.kernel.gates import topk_overlap
@@ -52,7 +48,8 @@ def measure(weights: Path, margins: list[float], images: int) -> dict[str, Any]:
         source="mobilenet_v3_small", task="image-classification", name="m", options={"weights": str(weights)}
     )
     pre = preprocessing_spec(spec)
-    classifier = Classifier(load_network(spec.source, spec.weights)[0]).eval()
+    network, _ = load_image_network(parse_image_source(spec.source), str(weights), pre["crop_size"])
+    classifier = Classifier(network).eval()
     out: dict[str, Any] = {}
     for margin in margins:
         side = math.ceil(margin * pre["resize_size"])

@@ -205,10 +205,10 @@ def main() -> int:
 
     from ortpack.kernel.bundle import read_manifest, read_verified
     from ortpack.kernel.contracts import TextSettings
+    from ortpack.kernel.engines import open_engine
     from ortpack.kernel.hardware import this_machine
     from ortpack.kernel.runtime import plan_for
-    from ortpack.serving.tasks import get_task
-    from ortpack.serving.text import TextEncoder
+    from ortpack.kernel.tokenizer import TextEncoder
 
     bundle = Path(args.bundle)
     manifest = read_manifest(bundle)
@@ -224,9 +224,9 @@ def main() -> int:
     tokens = float(np.mean([len(p) for p in payloads]))
     macs = int8_macs_per_token(model)
     plan = plan_for(variant)
-    task = get_task(manifest.task)
+    files = {settings.tokenizer.file: tokenizer.encode()}
     backends = {
-        name: task.backend(session(model, plan, threads, entries, level, arena), settings, manifest.output_width)
+        name: open_engine(manifest, session(model, plan, threads, entries, level, arena), files)
         for name, (threads, entries, level, arena) in OPTION_SETS.items()
     }
     cores = len(os.sched_getaffinity(0))

@@ -28,7 +28,8 @@ def heldout_agreement(bundle: Path, photos: Path, model: str, weights: str | Non
     """{variant: {decode mode: metrics}} on the photos in `photos`."""
     import torch
 
-    from ortpack.components.core.exporters.image_classification import Classifier, classify_pixels, reference_decode
+    from ortpack.components.core.exporters.image_classification import Classifier, classify_pixels
+    from ortpack.components.core.exporters.image_common import reference_decode
     from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
     from ortpack.components.core.validation_data import read_image_files
     from ortpack.kernel.bundle import verify_bundle

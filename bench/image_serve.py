@@ -174,18 +174,17 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
     import onnxruntime as ort
     import orjson
 
-    from ortpack.kernel.backend import load_session
     from ortpack.kernel.bundle import read_manifest
     from ortpack.kernel.hardware import this_machine
-    from ortpack.kernel.images import ImageDecoder, decode_base64
+    from ortpack.kernel.images import ImageDecoder, choose_decoder, decode_base64
+    from ortpack.kernel.runtime import serving_session
     from ortpack.kernel.selection import choose_variant
-    from ortpack.serving.tasks.image_classification import choose_decoder
 
     manifest = read_manifest(bundle)
     variant = choose_variant(manifest, "auto", ort.get_available_providers(), this_machine())
-    session, _ = load_session((bundle / variant.file).read_bytes(), variant, intra_op_threads=1)
+    session, _ = serving_session((bundle / variant.file).read_bytes(), variant, intra_op_threads=1)
     decoders = {"exact": ImageDecoder(40_000_000)}
-    default, why = choose_decoder(manifest, variant, "auto", 40_000_000)
+    default, why = choose_decoder(manifest.task_settings.preprocessing, variant, "auto", 40_000_000, manifest.name)
     decoders["default"] = default
     text = orjson.loads(body)["image"]
     costs: dict[str, Any] = {"variant": variant.id, "default_decode": why}
@@ -288,7 +287,7 @@ def main() -> int:
         )
         for name, extra in (("ortpack", []), ("ortpack --decode exact", ["--decode", "exact"])):
             port = free_port()
-            command = [sys.executable, "-m", "serving", "--bundle", str(bundle), "--port", str(port)]
+            command = [sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle), "--port", str(port)]
             command += ["--log-level", "warning", *extra]
             results["servers"].append(bench(name, command, {}, port, files, args.seconds, raw=True))
     report(results, args.seconds)

@@ -110,7 +110,7 @@ def host_cold_start(bundle: Path) -> float:
     port = free_port()
     start = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving", "--bundle", str(bundle), "--port", str(port)],
+        [sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle), "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

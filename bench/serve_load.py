@@ -75,14 +75,14 @@ def server_commands(
         "warning",
         "--no-access-log",
     ]
-    ortpack = [sys.executable, "-m", "serving", "--bundle", str(bundle.resolve()), "--port", str(port)]
+    ortpack = [sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle.resolve()), "--port", str(port)]
     ortpack += ["--variant", variant, "--log-level", "warning"]
     commands = {
         "naive pytorch": ([*uvicorn, "bench.baselines.naive_torch:app"], {}),
         "simple ort int8": ([*uvicorn, "bench.baselines.simple_ort:app"], {"BUNDLE": str(bundle), "VARIANT": variant}),
         "ortpack": (ortpack, {}),
     }
-    if before is not None:  # `python -m serving` from DIR imports DIR/serving first
+    if before is not None:  # `python -m ortpack.serving` from DIR imports DIR/serving first
         commands[BEFORE] = (ortpack, {"PYTHONPATH": str(before.resolve()), "ORTPACK_CWD": str(before.resolve())})
     return commands
 
@@ -306,8 +306,8 @@ def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, f
     service = load_service(bundle, config, Metrics())
     service.open_lone(config.max_batch_size)  # as the server does once ready
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
-    payloads = service.runtime.encoder.encode(queries).payloads
-    engines = {"1 thread": service.backend}
+    payloads = service.engine.encoder.encode(queries).payloads
+    engines: dict[str, Any] = {"1 thread": service.engine}
     if service.batcher.lone_backend is not None:
         engines[f"lone ({service.batcher.lone_threads} threads)"] = service.batcher.lone_backend
     times: dict[str, list[float]] = {name: [] for name in engines}
@@ -330,12 +330,12 @@ def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str,
 
     service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
-    payloads = service.runtime.encoder.encode(queries).payloads
+    payloads = service.engine.encoder.encode(queries).payloads
     out = {}
     for batch in (1, 8):
         groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
         for g in groups[:20]:
-            service.backend.run(g)
+            service.engine.run(g)
         done = [0]
         lock = threading.Lock()
         deadline = time.perf_counter() + seconds
@@ -350,7 +350,7 @@ def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str,
         ) -> None:
             i = k
             while time.perf_counter() < deadline:
-                service.backend.run(groups[i % len(groups)])
+                service.engine.run(groups[i % len(groups)])
                 i += 2
                 with lock:
                     done[0] += batch
@@ -378,7 +378,7 @@ def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, flo
     service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     bodies = [orjson.dumps({"input": q, "model": "m"}) for q in queries]
-    encoded = [service.runtime.encoder.encode([q]) for q in queries]
+    encoded = [service.engine.encoder.encode([q]) for q in queries]
 
     def per_call(fn: Any, n: int = 2000) -> float:
         t0 = time.thread_time()
@@ -386,10 +386,10 @@ def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, flo
             fn(i % len(queries))
         return (time.thread_time() - t0) / n * 1e6
 
-    row = np.zeros(service.runtime.output_dim, dtype=np.float32)
+    row = np.zeros(service.manifest.sizes["dim"], dtype=np.float32)
     costs = {
         "json parse": per_call(lambda i: orjson.loads(bodies[i])),
-        "tokenize": per_call(lambda i: service.runtime.encoder.encode([queries[i]])),
+        "tokenize": per_call(lambda i: service.engine.encoder.encode([queries[i]])),
         "json answer": per_call(
             lambda i: orjson.dumps(
                 {
@@ -401,7 +401,7 @@ def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, flo
                 option=orjson.OPT_SERIALIZE_NUMPY,
             )
         ),
-        "onnx runtime (batch 1, 1 thread)": per_call(lambda i: service.backend.run(encoded[i].payloads), 800),
+        "onnx runtime (batch 1, 1 thread)": per_call(lambda i: service.engine.run(encoded[i].payloads), 800),
     }
 
     class NullBackend:

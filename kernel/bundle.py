@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ortpack.kernel.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, ArchiveRules, is_inside, is_safe_relpath
 from ortpack.kernel.contracts import TaskSettings, UnknownTaskError, get_contract, settings_union
-from ortpack.kernel.contracts.text_embedding import TextEmbeddingSettings
+from ortpack.kernel.contracts.tensors import Signature
 
 # 2: hardware records, the probe set and typed parity/benchmark sections (a version-1 bundle has no
 # probe for the node check: rebuild it).
@@ -188,27 +188,28 @@ class ProbeSet(_Strict):
 SPACE_ID_HEX = 16  # hex digits of the sha256 kept in a space id: 64 bits, "sha256:" + 16
 
 
-class EmbeddingSpace(_Strict):
-    """What a text-embedding variant's vectors mean: everything that decides which vector a text
-    gets. Two variants with the same `id` put every text at the same point (up to the numerics of
+class EmbeddingSpace(BaseModel):
+    """What an embedding variant's vectors mean: everything that decides which vector an input
+    gets. Two variants with the same `id` put every input at the same point (up to the numerics of
     the machine that runs them), so an index built with one can be searched with the other; a
     different id means the vectors may not be comparable (`ortpack bundle diff` measures how far).
 
+    Every task with a space (its contract's `SpaceDeclaration`) has the fields here; the task
+    adds its own facts as further fields (text: `tokenizer_sha256`, `pooling`, `max_length`).
     `model_sha256` is the variant's graph (int8 and fp32 of one model are different spaces) and
     `weights_sha256` the source weights it came from, kept apart so a client can tell "same model,
     another precision" (same weights, another model digest) from "another model". The `id` is
     "sha256:" + the first 16 hex digits of the sha256 of the other fields as canonical JSON
     (`space_id`)."""
 
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     id: str = Field(pattern=rf"^sha256:[0-9a-f]{{{SPACE_ID_HEX}}}$")
     model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     weights_sha256: str | None = None
     precision: str
-    tokenizer_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    pooling: str
     normalize: bool
     dimensions: int = Field(gt=0)
-    max_length: int = Field(gt=0)
 
     @model_validator(mode="after")
     def _check_id(self) -> EmbeddingSpace:
@@ -245,7 +246,7 @@ class Variant(_Strict):
     optimize: OptimizeSection
     parity: ParitySection
     benchmark: BenchmarkSection = Field(default_factory=BenchmarkSection)
-    # text-embedding variants: the space its vectors live in, recorded by write_bundle for readers
+    # variants of a task with an embedding space: the space its vectors live in, recorded by write_bundle for readers
     # of manifest.json (bundles written before have none); `embedding_space` computes it from the
     # manifest's facts
     space: EmbeddingSpace | None = None
@@ -279,9 +280,14 @@ class Manifest(_Strict):
         return self.task_settings.task
 
     @property
-    def output_width(self) -> int:
-        """The last axis of the model's output: the embedding's dimensions, the labels' count."""
-        return int(self.outputs[0].shape[-1])
+    def signature(self) -> Signature:
+        """The task's tensors for this bundle (its contract's declaration for its section)."""
+        return get_contract(self.task).signature(self.task_settings)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The named dimensions the graph fixes, as recorded at export ({"dim": 384})."""
+        return self.signature.sizes([*self.inputs, *self.outputs])
 
     def variant(self, variant_id: str) -> Variant:
         for v in self.variants:
@@ -300,27 +306,25 @@ class Manifest(_Strict):
 
 
 def computed_space(manifest: Manifest, variant: Variant) -> EmbeddingSpace | None:
-    """The embedding space of a text-embedding variant, from the manifest's own facts: the
-    variant's and the tokenizer's sha256 in `files`, the source weights' sha256, pooling,
-    normalisation, output dimensions and max length. None for other tasks, or when a fact is
-    missing (a file not listed, a dynamic output width)."""
-    settings = manifest.task_settings
-    if not isinstance(settings, TextEmbeddingSettings) or not manifest.outputs:
+    """The embedding space of a variant of a task that declares one (its contract's `space`),
+    from the manifest's own facts: the variant's sha256 in `files`, the source weights' sha256,
+    the precision, the width of the declared output and the task's own facts. None for tasks
+    without a space, or when a fact is missing (a file not listed, a dynamic output width)."""
+    declared = get_contract(manifest.task).space
+    if declared is None:
         return None
-    tokenizer, pooling = settings.tokenizer, settings.pooling
-    model, vocab = manifest.files.get(variant.file), manifest.files.get(tokenizer.file)
-    width = manifest.outputs[0].shape[-1] if manifest.outputs[0].shape else None
-    if model is None or vocab is None or not isinstance(width, int):
+    output = next((o for o in manifest.outputs if o.name == declared.output), None)
+    model = manifest.files.get(variant.file)
+    width = output.shape[-1] if output is not None and output.shape else None
+    facts = declared.facts(manifest.task_settings, manifest.files)
+    if model is None or facts is None or not isinstance(width, int):
         return None
     fields: dict[str, Any] = {
         "model_sha256": model.sha256,
         "weights_sha256": manifest.source.weights_sha256,
         "precision": variant.precision,
-        "tokenizer_sha256": vocab.sha256,
-        "pooling": pooling.mode,
-        "normalize": pooling.normalize,
         "dimensions": width,
-        "max_length": tokenizer.max_length,
+        **facts,
     }
     return EmbeddingSpace(id=space_id(fields), **fields)
 
@@ -468,7 +472,7 @@ def write_bundle(
 
 
 def _with_spaces(manifest: Manifest) -> Manifest:
-    """The manifest with every text-embedding variant's space recorded: the file digests it needs
+    """The manifest with every embedding variant's space recorded: the file digests it needs
     are known only once the files are written."""
     variants = [
         v if v.space is not None else v.model_copy(update={"space": computed_space(manifest, v)})

@@ -1,10 +1,11 @@
 """Image bytes in, uint8 pixels out: decoding happens outside the graph (preprocessing inside).
 
 JPEG, PNG and WebP through Pillow (the `image` extra), EXIF orientation applied, converted to RGB.
-Every way a file can be bad gets its own one-line 4xx: not an image (400), a format we do not
-take (415), truncated or corrupt (400), empty (400), too many pixels (413, checked from the
-header before anything is decoded, so a decompression bomb never expands; Pillow's own check,
-`PIL.Image.MAX_IMAGE_PIXELS`, stays in force too).
+Every way a file can be bad gets its own one-line error (ortpack.kernel.errors; a server answers
+the status in brackets): not an image (400), a format we do not take (415), truncated or corrupt
+(400), empty (400), too many pixels (413, checked from the header before anything is decoded, so
+a decompression bomb never expands; Pillow's own check, `PIL.Image.MAX_IMAGE_PIXELS`, stays in
+force too).
 
 Two decode modes, both covered by the parity gate (components/core/tasks/image_classification.py):
 "exact" decodes every pixel, as the PyTorch reference does; "reduced" asks libjpeg for the
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from ortpack.kernel.errors import InputError, InputTooLargeError, UnsupportedInputError
 
 FORMATS = ("JPEG", "PNG", "WEBP")
 DECODE_MODES = ("exact", "reduced")
@@ -85,14 +86,14 @@ class ImageDecoder:
         from PIL import Image, ImageOps, UnidentifiedImageError
 
         if not data:
-            raise InvalidRequestError(f"{where} is empty")
+            raise InputError(f"{where} is empty")
         try:
             image = Image.open(io.BytesIO(data))
             if image.format not in FORMATS:
-                raise UnsupportedMediaTypeError(f"{where} is {image.format}; send JPEG, PNG or WebP")
+                raise UnsupportedInputError(f"{where} is {image.format}; send JPEG, PNG or WebP")
             width, height = image.size
             if width * height > self.max_pixels or width == 0 or height == 0:
-                raise PayloadTooLargeError(
+                raise InputTooLargeError(
                     f"{where} is {width}x{height} ({width * height / 1e6:.1f} megapixels); "
                     f"the limit is {self.max_pixels / 1e6:.1f}"
                 )
@@ -110,14 +111,14 @@ class ImageDecoder:
                 rgb = ImageOps.exif_transpose(rgb)
             if rgb.mode != "RGB":
                 rgb = rgb.convert("RGB")
-        except (UnsupportedMediaTypeError, PayloadTooLargeError):
+        except (UnsupportedInputError, InputTooLargeError):
             raise
         except Image.DecompressionBombError:  # Pillow's own limit (twice MAX_IMAGE_PIXELS)
-            raise PayloadTooLargeError(f"{where} has too many pixels (limit {self.max_pixels / 1e6:.1f} MP)") from None
+            raise InputTooLargeError(f"{where} has too many pixels (limit {self.max_pixels / 1e6:.1f} MP)") from None
         except UnidentifiedImageError:
-            raise InvalidRequestError(f"{where} is not an image (JPEG, PNG or WebP)") from None
+            raise InputError(f"{where} is not an image (JPEG, PNG or WebP)") from None
         except (OSError, ValueError, SyntaxError) as exc:
-            raise InvalidRequestError(f"{where} is truncated or corrupt: {exc}") from None
+            raise InputError(f"{where} is truncated or corrupt: {exc}") from None
         return np.asarray(rgb, dtype=np.uint8)
 
     def decode_base64(self, text: object, where: str) -> np.ndarray:
@@ -129,13 +130,13 @@ def decode_base64(text: object, where: str) -> bytes:
     alphabet and padding itself (`strict_mode`), where `base64.b64decode(validate=True)` first
     runs a regular expression over the whole text."""
     if not isinstance(text, str):
-        raise InvalidRequestError(f"{where} must be a base64 string")
+        raise InputError(f"{where} must be a base64 string")
     if text.startswith("data:"):  # a data URL: data:image/jpeg;base64,....
         text = text.partition(",")[2]
     try:
         return binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError):
-        raise InvalidRequestError(f"{where} is not valid base64") from None
+        raise InputError(f"{where} is not valid base64") from None
 
 
 def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str, float], reduce_to: int) -> list[str]:
@@ -160,17 +161,40 @@ def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str
     return misses
 
 
-def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[dict[str, object]]:
-    k = min(k, len(probabilities))
-    best = np.argpartition(-probabilities, k - 1)[:k]
-    best = best[np.argsort(-probabilities[best])]
-    return [
-        {"label": labels[i] if i < len(labels) else str(i), "index": int(i), "probability": float(probabilities[i])}
-        for i in best
-    ]
-
-
 def decode_settings(preprocessing: Any) -> tuple[str, int]:
     """(mode, reduce_to) a bundle's preprocessing section asks for (an older bundle: exact)."""
     mode = str(getattr(preprocessing, "decode", "exact"))
     return mode, int(getattr(preprocessing, "decode_min_side", 0)) if mode == "reduced" else 0
+
+
+def choose_decoder(
+    preprocessing: Any,
+    variant: Any,
+    requested: str,
+    max_pixels: int,
+    name: str = "",
+    warn: Callable[[str], None] | None = None,
+) -> tuple[ImageDecoder, str]:
+    """The decoder to serve `variant` with, and why. "exact" always (the reference's own decode);
+    "reduced" only when the variant's parity record validates the bundle's reduced decode (else
+    ValueError: a server refuses to start); "auto" the bundle's default when validated, else exact
+    (`warn` says why). With no variant (the build machine, whose gate is measuring it), the
+    bundle's default."""
+    if requested not in ("auto", *DECODE_MODES):
+        raise ValueError(f"unknown decode mode {requested!r} (auto, {', '.join(DECODE_MODES)})")
+    default, side = decode_settings(preprocessing)
+    if requested == "exact" or (requested == "auto" and default == "exact"):
+        return ImageDecoder(max_pixels), "exact"
+    if default != "reduced":
+        raise ValueError(f"bundle {name} has no validated reduced decoding (its parity gate chose exact)")
+    if variant is None:
+        return ImageDecoder(max_pixels, reduce_to=side), f"reduced (JPEGs kept >= {side} px)"
+    misses = reduced_decode_evidence(variant.parity.values, variant.parity.thresholds, side)
+    if not misses:
+        return ImageDecoder(max_pixels, reduce_to=side), f"reduced (JPEGs kept >= {side} px), validated by the gate"
+    reason = f"variant {variant.id}'s parity gate does not validate reduced decoding: {'; '.join(misses)}"
+    if requested == "reduced":
+        raise ValueError(reason)
+    if warn is not None:
+        warn(f"{reason}; decoding exactly")
+    return ImageDecoder(max_pixels), "exact (reduced not validated for this variant)"

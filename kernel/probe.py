@@ -5,12 +5,12 @@ A quantized graph's numbers depend on the CPU that runs it (kernel/hardware.py),
 optimized graph's on the ONNX Runtime build and execution provider: a gate passed on the build
 machine proves nothing about another. So before a server turns ready it runs the probe through
 the variant it is about to serve, the way it serves (the bundle's tokenizer, the server's image
-decoder, its backend at batch 1), and applies that variant's own thresholds. The validate step
+decoder, its engine at batch 1), and applies that variant's own thresholds. The validate step
 runs the same code on the build machine and records the result in the manifest, so a probe miss
 on a node means this node computes differently, not that the probe is too small.
 
 Text probes hold the sentences; image probes hold encoded JPEG/PNG files (the decoder is part of
-the checked path). numpy only, plus what the backend needs.
+the checked path). numpy only, plus what the engine needs.
 """
 
 from __future__ import annotations
@@ -18,57 +18,96 @@ from __future__ import annotations
 import io
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from ortpack.kernel.engine import Engine, Item, ProbeMetrics
 from ortpack.kernel.gates import GateTable, gate
 
 PROBE_FILE = "probe/probe.npz"
+FORMAT = 2  # outputs by name, per item (1: one unnamed output row per input, read as the task's first output)
+Kind = Literal["texts", "pairs", "files"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Probe:
-    """Inputs (texts, (query, document) pairs, or encoded image files) and the reference output
-    row of each."""
+    """Inputs (`kind`: texts, (query, document) pairs, or encoded image files) and PyTorch's
+    outputs for each, by the task's declared output names: one row of each per-item output, and
+    the item's own rows (perhaps none) of each output named in `varying` (a detector's boxes)."""
 
     task: str
+    kind: Kind
     inputs: list[Any]
-    outputs: np.ndarray
+    outputs: list[Item]
+    varying: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.outputs):
+            raise ValueError(f"probe has {len(self.inputs)} inputs but {len(self.outputs)} reference outputs")
 
     def to_bytes(self) -> bytes:
-        arrays: dict[str, np.ndarray] = {"task": np.array(self.task), "outputs": self.outputs.astype(np.float32)}
-        if self.inputs and isinstance(self.inputs[0], bytes):
+        """npz: the inputs by kind, and per output name its items' rows end to end (`out.<name>`)
+        with each item's end (`end.<name>`)."""
+        arrays: dict[str, np.ndarray] = {"task": np.array(self.task), "format": np.array(FORMAT)}
+        arrays["kind"] = np.array(self.kind)
+        arrays["varying"] = np.array(list(self.varying), dtype=str)
+        if self.kind == "files":
             sizes = np.array([len(b) for b in self.inputs], dtype=np.int64)
             arrays["offsets"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             arrays["data"] = np.frombuffer(b"".join(self.inputs), dtype=np.uint8)
-        elif self.inputs and isinstance(self.inputs[0], tuple):  # (query, document) pairs
+        elif self.kind == "pairs":
             arrays["texts"] = np.array([str(a) for a, _ in self.inputs])
             arrays["texts_pair"] = np.array([str(b) for _, b in self.inputs])
         else:
             arrays["texts"] = np.array([str(t) for t in self.inputs])
+        for name in self.outputs[0] if self.outputs else {}:
+            rows = [
+                np.asarray(item[name]) if name in self.varying else np.asarray(item[name])[None]
+                for item in self.outputs
+            ]
+            arrays[f"out.{name}"] = np.concatenate(rows)
+            arrays[f"end.{name}"] = np.cumsum([len(r) for r in rows]).astype(np.int64)
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
         return buffer.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Probe:
+    def from_bytes(cls, data: bytes, names: Sequence[str] = ()) -> Probe:
+        """`names`: the task's output names, for a format-1 probe (its one unnamed output is the first)."""
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             task = str(npz["task"])
-            outputs = npz["outputs"].astype(np.float32)
+            kind: Kind
             if "texts_pair" in npz:
+                kind = "pairs"
                 inputs: list[Any] = [(str(a), str(b)) for a, b in zip(npz["texts"], npz["texts_pair"], strict=True)]
             elif "texts" in npz:
-                inputs = [str(t) for t in npz["texts"]]
+                kind, inputs = "texts", [str(t) for t in npz["texts"]]
             else:
+                kind = "files"
                 offsets, blob = npz["offsets"], npz["data"].tobytes()
                 inputs = [blob[int(a) : int(b)] for a, b in itertools.pairwise(offsets)]
-        if len(inputs) != len(outputs):
-            raise ValueError(f"probe has {len(inputs)} inputs but {len(outputs)} reference outputs")
-        return cls(task=task, inputs=inputs, outputs=outputs)
+            if "format" not in npz:  # format 1: one unnamed output, a row per input
+                rows = npz["outputs"].astype(np.float32)
+                if len(inputs) != len(rows):
+                    raise ValueError(f"probe has {len(inputs)} inputs but {len(rows)} reference outputs")
+                name = names[0] if names else "output"
+                return cls(task=task, kind=kind, inputs=inputs, outputs=[{name: row} for row in rows])
+            varying = tuple(str(v) for v in npz["varying"])
+            outputs: list[Item] = [{} for _ in inputs]
+            for key in npz.files:
+                if not key.startswith("out."):
+                    continue
+                name = key[4:]
+                values, ends = npz[key], npz[f"end.{name}"]
+                if len(ends) != len(inputs):
+                    raise ValueError(f"probe has {len(inputs)} inputs but {len(ends)} reference outputs")
+                for item, start, end in zip(outputs, [0, *ends[:-1]], ends, strict=True):
+                    item[name] = values[start:end] if name in varying else values[start]
+        return cls(task=task, kind=kind, inputs=inputs, outputs=outputs, varying=varying)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,27 +141,20 @@ class ProbeResult:
         }
 
 
-def run_probe(
-    probe: Probe,
-    prepare: Callable[[Sequence[Any]], list[Any]],
-    run: Callable[[Sequence[Any]], np.ndarray],
-    threads: int = 1,
-) -> np.ndarray:
-    """The variant's output rows for the probe: `prepare` turns inputs into payloads the way the
-    server does (tokenize, decode), `run` is the backend's batch call, used at batch 1, from
-    `threads` threads at once (the server's workers: each row is what one call alone gives)."""
-    payloads = prepare(probe.inputs)
+def run_probe(probe: Probe, engine: Engine, threads: int = 1) -> list[Item]:
+    """The variant's outputs for the probe: the engine turns inputs into payloads the way a server
+    does (tokenize, decode) and runs each at batch 1, from `threads` threads at once (a server's
+    workers: each item is what one call alone gives)."""
+    payloads = engine.probe_payloads(probe.inputs)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-probe") as pool:
-        rows = list(pool.map(lambda payload: np.asarray(run([payload])), payloads))
-    return np.concatenate(rows).astype(np.float32)
+        return [items[0] for items in pool.map(lambda payload: engine.run([payload]), payloads)]
 
 
 def check_probe(
     probe: Probe,
-    prepare: Callable[[Sequence[Any]], list[Any]],
-    run: Callable[[Sequence[Any]], np.ndarray],
+    engine: Engine,
     thresholds: Mapping[str, float | None],
-    metrics: Callable[[np.ndarray, np.ndarray, Sequence[Any]], dict[str, float]],
+    metrics: ProbeMetrics,
     *,
     gates: GateTable,
     variant_id: str,
@@ -130,36 +162,31 @@ def check_probe(
     hardware: dict[str, Any] | None = None,
     threads: int = 1,
 ) -> ProbeResult:
-    """Run the probe and gate its numbers (`metrics`: the task's comparison of reference and
-    candidate rows) with the variant's thresholds (`gates`: its task's table), those it can
-    measure: the preprocessing pixel check needs the build's graphs and is not repeated here.
-    `threads`: see `run_probe`."""
+    """Run the probe through the engine and gate its numbers (`metrics`: the task's comparison of
+    PyTorch's items and the variant's) with the variant's thresholds (`gates`: its task's table),
+    those it can measure: the preprocessing pixel check needs the build's graphs and is not
+    repeated here. `threads`: see `run_probe`."""
     started = time.perf_counter()
-    try:
-        outputs = run_probe(probe, prepare, run, threads)
-    except Exception as exc:  # noqa: BLE001 - a variant that cannot run here misses, with the reason
+
+    def result(values: dict[str, float], misses: list[str]) -> ProbeResult:
         return ProbeResult(
             variant_id=variant_id,
-            values={},
-            misses=[f"cannot run the probe: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"],
+            values=values,
+            misses=misses,
             samples=len(probe.inputs),
             seconds=time.perf_counter() - started,
             provider=provider,
             hardware=hardware or {},
         )
+
+    try:
+        outputs = run_probe(probe, engine, threads)
+    except Exception as exc:  # noqa: BLE001 - a variant that cannot run here misses, with the reason
+        return result({}, [f"cannot run the probe: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"])
     misses: list[str] = []
-    nonfinite = int((~np.isfinite(outputs)).any(axis=1).sum())
+    nonfinite = sum(not all(np.isfinite(a).all() for a in item.values() if a.dtype.kind == "f") for item in outputs)
     if nonfinite:
         misses.append(f"{nonfinite} outputs contain NaN or inf")
-        outputs = np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)
+        outputs = [{k: np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0) for k, a in item.items()} for item in outputs]
     values = metrics(probe.outputs, outputs, probe.inputs)
-    misses += gate(values, thresholds, gates)
-    return ProbeResult(
-        variant_id=variant_id,
-        values=values,
-        misses=misses,
-        samples=len(probe.inputs),
-        seconds=time.perf_counter() - started,
-        provider=provider,
-        hardware=hardware or {},
-    )
+    return result(values, misses + gate(values, thresholds, gates))

@@ -36,41 +36,54 @@ still checks every file's sha256 before loading) or `discard()` (a failed start 
 extracted). An extraction never marked verified is redone. `fetch_bundle` is the plain form:
 fetch, release the lock, return the directory.
 
-Only the standard library is imported here; boto3 is imported when an `s3://` URI is fetched,
-oras when an `oci://` one is.
+The transport (http, s3, tar extraction within the rules) is ortpack.kernel.fetch's, shared with
+the pipeline's model checkpoints; this module adds the cache, its lock and what a bundle is. Only
+the standard library is imported here; boto3 is imported when an `s3://` URI is fetched, oras
+when an `oci://` one is.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import http.client
 import os
-import re
 import shutil
-import tarfile
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ortpack.kernel.archive import BUNDLE_MAX_BYTES, BUNDLE_MAX_MEMBERS, extract_tar, gib
 from ortpack.kernel.bundle import BUNDLE_RULES, MANIFEST_NAME, BundleError, sha256_file
+from ortpack.kernel.fetch import (
+    BucketObject,
+    Wording,
+    bucket_objects,
+    bucket_parts,
+    download_objects,
+    download_url,
+    extract_archive,
+    is_archive,
+    listing_version,
+    uri_scheme,
+)
 
-MAX_MEMBERS = BUNDLE_MAX_MEMBERS
-MAX_TOTAL_BYTES = BUNDLE_MAX_BYTES
-HTTP_TIMEOUT_S = 60.0
-ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_CHUNK = 1 << 20
+# How a bundle fetch words its refusals (the transport is ortpack.kernel.fetch's, shared with the
+# pipeline's model checkpoints)
+WORDING = Wording(
+    rules=BUNDLE_RULES,
+    not_found=BundleError,
+    unreachable=BundleError,
+    missing="bundle not found: {uri} ({detail})",
+    refused="{uri}: {code}",
+    http_refused="cannot download {uri}: HTTP {code}",
+    broken="cannot download {uri}: {detail}",
+)
 VERIFIED = ".verified"  # `<extraction>.verified`: the server checked every file of it
 SPACE_MARGIN = 64 * 1024**2  # free space kept beyond what a bundle declares
 STALE_STAGING_S = 24 * 3600  # hidden staging directories older than this were left by a killed process
@@ -118,8 +131,7 @@ def fetch(uri: str, cache_dir: Path) -> Fetched:
     """The bundle named by `uri`: a directory in place, or an extraction under `cache_dir`, reused
     when an earlier start verified it. The caller verifies, then calls `keep` or `discard`."""
     cache_dir = Path(cache_dir)
-    match = _SCHEME.match(uri)
-    scheme = match.group(1).lower() if match else ""
+    scheme = uri_scheme(uri)
     try:
         if scheme == "":
             return _fetch_local(Path(uri), uri, cache_dir)
@@ -206,131 +218,35 @@ def _fetch_local(path: Path, uri: str, cache_dir: Path) -> Fetched:
     raise BundleError(f"bundle not found: {uri}")
 
 
-# --- http(s) ------------------------------------------------------------------------------
+# --- http(s) and s3 ------------------------------------------------------------------------
 
 
 def _fetch_http(uri: str, cache_dir: Path) -> Fetched:
     with _staging_dir(cache_dir, ".download-") as tmp:
         archive = tmp / "bundle.tar"
-        _download_url(uri, archive)
+        download_url(uri, archive, WORDING, before=lambda size: check_space(cache_dir, size, uri))
         return _extract_archive(archive, uri, cache_dir)
 
 
-def _download_url(uri: str, dest: Path) -> None:
-    try:
-        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as response, open(dest, "wb") as out:
-            declared = response.headers.get("Content-Length")
-            if declared is not None and declared.isdigit():
-                check_space(dest.parent, int(declared), uri)
-            _copy_limited(response, out, uri)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        raise BundleError(f"cannot download {uri}: HTTP {exc.code}") from None
-    except urllib.error.URLError as exc:
-        raise BundleError(f"cannot reach {uri}: {_describe(exc.reason)}") from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise BundleError(f"cannot download {uri}: {_describe(exc)}") from None
-
-
-def _copy_limited(src: IO[bytes], dst: IO[bytes], uri: str) -> None:
-    """Copy in chunks, refusing a download larger than the extraction limit."""
-    total = 0
-    while block := src.read(_CHUNK):
-        total += len(block)
-        if total > MAX_TOTAL_BYTES:
-            raise BundleError(f"bundle archive too large: more than {gib(MAX_TOTAL_BYTES)} from {uri}")
-        dst.write(block)
-
-
-# --- s3 -----------------------------------------------------------------------------------
-
-
-def s3_client(uri: str, error: Callable[[str], Exception] = BundleError) -> Any:
-    """A boto3 S3 client for `uri` (s3:// or minio://), for bundle fetches here and for the
-    pipeline's checkpoints and publishing (components/core/sources.py). The endpoint is
-    AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (an S3-compatible store), which minio:// requires.
-    A missing boto3, endpoint or profile raises `error` with a one-line message."""
-    try:
-        import boto3
-        from botocore.exceptions import BotoCoreError
-    except ImportError:
-        raise error(f"{uri} needs boto3: install the s3 extra (pip install 'ortpack[s3]')") from None
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if uri.strip().lower().startswith("minio://") and not endpoint:
-        raise error(
-            f"{uri}: minio:// needs AWS_ENDPOINT_URL (the MinIO service, e.g. http://minio-service.kubeflow:9000)"
-        )
-    try:
-        return boto3.client("s3", endpoint_url=endpoint or None)
-    except BotoCoreError as exc:
-        raise error(f"{uri}: {_describe(exc)}") from None
-
-
 def _fetch_s3(uri: str, cache_dir: Path) -> Fetched:
-    bucket, key = _parse_s3_uri(uri)
-    client = s3_client(uri)
-    from boto3.exceptions import Boto3Error
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        if key.endswith(ARCHIVE_SUFFIXES):
-            with _staging_dir(cache_dir, ".download-") as tmp:
-                archive = tmp / "bundle.tar"
-                _download_object(client, bucket, key, archive, uri)
-                return _extract_archive(archive, uri, cache_dir)
-        return _download_prefix(client, bucket, key, uri, cache_dir)
-    except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", "")) or "error"
-        if code in ("404", "NoSuchKey"):
-            raise BundleError(f"bundle not found: {uri}") from None
-        raise BundleError(f"{uri}: {code}") from None
-    except (BotoCoreError, Boto3Error) as exc:
-        raise BundleError(f"{uri}: {_describe(exc)}") from None
-
-
-def _parse_s3_uri(uri: str) -> tuple[str, str]:
-    parts = urllib.parse.urlsplit(uri)
-    if not parts.netloc:
+    """An archive's key: downloaded, then extracted; any other key: every object under it as a
+    prefix, the cache entry named by the listing (keys, sizes, ETags)."""
+    if not bucket_parts(uri)[1]:
         raise BundleError(f"s3 URI has no bucket: {uri}")
-    return parts.netloc, parts.path.lstrip("/")
-
-
-def _download_object(client: Any, bucket: str, key: str, dest: Path, uri: str) -> None:
-    """Stream one object to `dest` (GetObject, unlike HeadObject, says which of bucket or key is missing)."""
-    body = client.get_object(Bucket=bucket, Key=key)["Body"]
-    with body, open(dest, "wb") as out:
-        _copy_limited(body, out, uri)
-
-
-def _download_prefix(client: Any, bucket: str, key: str, uri: str, cache_dir: Path) -> Fetched:
-    """Every object under the prefix; the cache entry is named by the listing (keys, sizes, ETags)."""
-    prefix = key if key == "" or key.endswith("/") else key + "/"
-    objects = []
-    total = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix) :]
-            if rel == "" or rel.endswith("/"):  # the prefix itself, or a "directory" marker
-                continue
-            total += int(obj.get("Size", 0))
-            objects.append((rel, obj))
-            BUNDLE_RULES.check_limits(len(objects), total, uri)
-    if not objects:
-        raise BundleError(f"bundle not found: {uri}")
-    listing = "\n".join(
-        f"{rel}\t{obj.get('Size', 0)}\t{obj.get('ETag', '')}" for rel, obj in sorted(objects, key=lambda x: x[0])
-    )
-    final = cache_dir / f"bundle-s3-{hashlib.sha256(listing.encode()).hexdigest()}"
+    if is_archive(uri):
+        objects = [BucketObject("", 0, "", bucket_parts(uri)[2])]
+        with _staging_dir(cache_dir, ".download-") as tmp:
+            archive = tmp / "bundle.tar"
+            download_objects(uri, objects, archive, WORDING)
+            return _extract_archive(archive, uri, cache_dir)
+    objects = bucket_objects(uri, WORDING, prefix_only=True)
+    final = cache_dir / f"bundle-s3-{listing_version(objects).removeprefix('etags:')}"
     cached = _cached(final, uri)
     if cached is not None:
         return cached
-    check_space(cache_dir, total, uri)
+    check_space(cache_dir, sum(o.size for o in objects), uri)
     with _staging_dir(cache_dir, ".extract-") as staging:
-        root = staging.resolve()
-        for rel, obj in objects:
-            target = BUNDLE_RULES.safe_target(rel, root, uri, "s3 prefix")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _download_object(client, bucket, obj["Key"], target, uri)
+        download_objects(uri, objects, staging.resolve(), WORDING, "s3 prefix")
         return _publish(staging, uri, final)
 
 
@@ -371,18 +287,9 @@ def _extract_archive(archive: Path, uri: str, cache_dir: Path) -> Fetched:
     if cached is not None:
         return cached
     with _staging_dir(cache_dir, ".extract-") as staging:
-
-        def check(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
-            members = BUNDLE_RULES.checked_members(tar, staging.resolve(), uri, "bundle archive")
-            check_space(cache_dir, sum(m.size for m in members), uri)
-            return members
-
-        try:
-            extract_tar(archive, staging, check)
-        except tarfile.ReadError:
-            raise BundleError(f"not a tar archive: {uri}") from None
-        except (tarfile.TarError, OSError) as exc:
-            raise BundleError(f"cannot extract {uri}: {_describe(exc)}") from None
+        extract_archive(
+            archive, staging, uri, WORDING, "bundle archive", before=lambda size: check_space(cache_dir, size, uri)
+        )
         return _publish(staging, uri, final)
 
 

@@ -253,12 +253,12 @@ def pinned_publish_uri(publish_to: str, name: str, version: str) -> str:
     from ortpack.components.core.sources import ARCHIVE_SUFFIXES, uri_scheme
 
     if uri_scheme(publish_to) == "oci":
-        from ortpack.kernel.oci import OciReference, _client
+        from ortpack.kernel.registry import OciReference, open_client
 
         ref = OciReference.parse(publish_to)
         if not ref.tag and not ref.digest:
             ref = OciReference.parse(f"{publish_to}:{version}")
-        with _client(ref) as registry:
+        with open_client(ref) as registry:
             body = registry.get_manifest(ref.reference)
         return str(ref.pinned("sha256:" + hashlib.sha256(body).hexdigest()))
     if publish_to.endswith(ARCHIVE_SUFFIXES):

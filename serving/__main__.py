@@ -1,4 +1,4 @@
-"""`ortpack-serve` / `python -m serving`: fetch, verify and serve a bundle.
+"""`ortpack-serve` / `python -m ortpack.serving`: fetch, verify and serve a bundle.
 
 Start-up problems (bad option, the port in use, unreachable or tampered bundle, a signature
 missing or not verifying with --trust-key, no variant for this hardware) print one line and exit

@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ortpack.kernel.bundle import Manifest
 from ortpack.serving.config import ServeConfig
 from ortpack.serving.errors import MethodNotAllowedError, RouteNotFoundError, ServeError, status_of
 from ortpack.serving.http import RouteSpec, endpoint, error_response, request_id_of
@@ -38,18 +39,19 @@ log = logging.getLogger("ortpack.serve")
 
 def route_specs(service: ModelService) -> list[RouteSpec]:
     """Every route this server answers: the task's own first, then the shared surfaces."""
-    return runtime_routes(service.runtime)
+    return runtime_routes(service.runtime, service.manifest)
 
 
-def runtime_routes(runtime: TaskRuntime) -> list[RouteSpec]:
-    return [*runtime.routes(), *openai.ROUTES, *v2.routes_for(runtime.v2_inputs()[0]), *ops.ROUTES]
+def runtime_routes(runtime: TaskRuntime, manifest: Manifest) -> list[RouteSpec]:
+    inputs = [t.v2(manifest.sizes) for t in manifest.signature.served_inputs]
+    return [*runtime.routes(), *openai.ROUTES, *v2.routes_for(inputs), *ops.ROUTES]
 
 
-def openapi_for(runtime: TaskRuntime, model_name: str) -> dict[str, Any]:
+def openapi_for(runtime: TaskRuntime, manifest: Manifest, model_name: str) -> dict[str, Any]:
     """The OpenAPI document of the routes a server of this task registers (tests/golden/ holds one
     per task: `python -m tests.openapi_golden` regenerates them)."""
     return openapi_document(
-        runtime_routes(runtime),
+        runtime_routes(runtime, manifest),
         {**v2.SCHEMAS, **runtime.schemas()},
         model_name=model_name,
         description=runtime.describe(),
@@ -110,7 +112,7 @@ def create_app(service: ModelService, config: ServeConfig, on_ready: Callable[[]
     app.router.redirect_slashes = False
     app.state.service = service
     app.state.config = config
-    app.state.openapi = openapi_for(service.runtime, service.model_name)
+    app.state.openapi = openapi_for(service.runtime, service.manifest, service.model_name)
     return app
 
 

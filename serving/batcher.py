@@ -7,8 +7,8 @@ running the backend.
   waited longest without a batch on the workers (a request whose batch is running comes after
   every request that has none; a request's wait restarts when its last batch finishes). The
   batch is its bucket's items, taken round-robin across the requests queued there, one item
-  each per round, leader first, up to `max_batch_size` items and `max_batch_tokens` padded
-  tokens. So one request of 300 long texts runs one short batch at a time while single-sentence
+  each per round, leader first, up to `max_batch_size` items and `max_batch_cost` (padded
+  tokens, pixels). So one request of 300 long texts runs one short batch at a time while single-sentence
   requests sent after it go into the next batch, instead of waiting for all 300.
 - Scheduling is synchronous, on the event loop, at the two moments it can change anything: when
   a request is queued and when a batch finishes. A request that finds a worker idle is cut into
@@ -49,11 +49,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
-
-from ortpack.kernel.backend import Backend
 from ortpack.serving import context
 from ortpack.serving.context import RequestContext
 from ortpack.serving.errors import (
@@ -68,11 +65,18 @@ from ortpack.serving.errors import (
 log = logging.getLogger("ortpack.serve")
 
 
+class Backend(Protocol):
+    """What the batcher runs (a task's engine, ortpack.kernel.engine.Engine): one batch of payloads
+    -> one result per payload, in order."""
+
+    def run(self, payloads: Sequence[Any]) -> Sequence[Any]: ...
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One client request: its rows fill in as batches finish; the future resolves when all did."""
 
-    future: asyncio.Future[list[np.ndarray]]
+    future: asyncio.Future[list[Any]]
     rows: list[Any]
     remaining: int  # rows not yet computed
     queued: int  # items still waiting in the queue
@@ -139,10 +143,10 @@ class Batcher:
         workers: int,
         max_batch_delay_ms: float = 0.0,
         on_batch: Any = None,
-        item_cost: Any = None,
+        cost: Callable[[Any], float] | None = None,
+        padded: bool = False,
         max_batch_cost: float = math.inf,
-        item_tokens: Callable[[Any], int] | None = None,
-        max_batch_tokens: int = 0,
+        units: str = "",
         clock: Callable[[], float] = time.perf_counter,
         lone_backend: Backend | None = None,
         lone_threads: int = 1,
@@ -151,17 +155,16 @@ class Batcher:
         # The same model with more intra-op threads, for a batch that runs alone (module docstring).
         self.lone_backend = lone_backend
         self.lone_threads = lone_threads
-        # A batch also stops at `max_batch_cost` (images: pixels), whatever its size; it always
-        # holds at least one item. Without it, 32 full-HD images would be one float batch of GBs.
-        self.item_cost = item_cost
-        self.max_batch_cost = max_batch_cost
         self.max_batch_size = max_batch_size
-        # The runtime says what a payload costs in tokens (text) or has none (None: images).
-        self.item_tokens = item_tokens
-        # Text batches also stop at `max_batch_tokens` padded tokens (texts x the longest; 0: no
-        # limit; a batch always holds one text): a batch of 32 texts of 256 tokens takes over a
-        # second on one core, and every request waiting for a worker waits for it.
-        self.max_batch_tokens = max_batch_tokens or math.inf
+        # What a payload costs the model (the engine's `cost`, in `units`: tokens, pixels), and what
+        # a batch may cost: its longest item times its size when the engine pads a batch (text:
+        # a batch of 32 texts of 256 tokens takes over a second on one core, and every request
+        # waiting for a worker waits for it), else the sum (images: without it, 32 full-HD images
+        # would be one float batch of GBs). A batch always holds at least one item.
+        self.cost = cost
+        self.padded = padded
+        self.max_batch_cost = max_batch_cost
+        self.units = units
         self.max_queue_size = max_queue_size
         self.workers = workers
         self.max_batch_delay = max_batch_delay_ms / 1000.0
@@ -218,7 +221,7 @@ class Batcher:
             return 1
         return max(1, math.ceil(self.depth / self.items_per_second))
 
-    async def submit(self, payloads: Sequence[Any], buckets: Sequence[Hashable], timeout_s: float) -> list[np.ndarray]:
+    async def submit(self, payloads: Sequence[Any], buckets: Sequence[Hashable], timeout_s: float) -> list[Any]:
         """Queue one request's items and wait for all of them; results come back in order. The
         deadline is `timeout_s` from now, or the request context's when it is sooner."""
         if self._closed or self._loop is None:
@@ -315,7 +318,7 @@ class Batcher:
         order = sorted(line.values(), key=lambda piece: piece.request.key()) if len(line) > 1 else list(line.values())
         batch: list[Entry] = []
         cost = 0.0
-        width = 0  # the longest text so far: the batch is padded to it
+        width = 0.0  # the costliest item so far: a padded batch costs it times its size
         limit = self.max_batch_size
         full = False
         while order and not full:
@@ -325,18 +328,13 @@ class Batcher:
                     full = True
                     break
                 index, payload = piece.items[0]
-                if self.item_cost is not None:
-                    item = self.item_cost(payload)
-                    if batch and cost + item > self.max_batch_cost:
+                if self.cost is not None:
+                    item = self.cost(payload)
+                    total = max(width, item) * (len(batch) + 1) if self.padded else cost + item
+                    if batch and total > self.max_batch_cost:
                         full = True
                         break
-                    cost += item
-                if self.item_tokens is not None:
-                    tokens = self.item_tokens(payload)
-                    if batch and max(width, tokens) * (len(batch) + 1) > self.max_batch_tokens:
-                        full = True
-                        break
-                    width = max(width, tokens)
+                    width, cost = max(width, item), cost + item
                 piece.items.popleft()
                 batch.append((piece.request, index, payload))
                 if piece.items:
@@ -435,7 +433,8 @@ class Batcher:
         rate = len(batch) / max(seconds, 1e-6) * self.workers
         self.items_per_second = rate if self.items_per_second == 0 else 0.9 * self.items_per_second + 0.1 * rate
         if self.on_batch is not None:
-            lengths = [self.item_tokens(payload) for _, _, payload in batch] if self.item_tokens else [0]
+            tokens = self.cost is not None and self.units == "tokens"
+            lengths = [int(self.cost(payload)) for _, _, payload in batch] if tokens and self.cost else [0]
             real, padded = sum(lengths), max(lengths) * len(batch)  # 0 for payloads without tokens
             self.on_batch(
                 BatchStats(

@@ -159,6 +159,6 @@ def _flag(parameters: dict[str, Any], key: str, where: str) -> bool | None:
     return value
 
 
-def encode_rows(rows: np.ndarray) -> bytes:
-    """FP32 rows as binary output data: little-endian, row-major, one copy at most."""
-    return np.ascontiguousarray(rows, dtype="<f4").tobytes()
+def encode_array(array: np.ndarray, datatype: str) -> bytes:
+    """An output as binary data: little-endian numbers, row-major, one copy at most."""
+    return np.ascontiguousarray(array, dtype=DTYPES[datatype]).tobytes()

@@ -11,6 +11,8 @@ connections).
 
 from __future__ import annotations
 
+from ortpack.kernel.errors import InputError, InputTooLargeError, UnsupportedInputError
+
 
 class ServeError(Exception):
     """Base class: `message` is sent to the client; `headers` are added to the answer."""
@@ -101,6 +103,16 @@ STATUS: tuple[tuple[type[ServeError], int], ...] = (
     (DeadlineExceededError, 504),
     (ServeError, 500),
 )
+
+
+def from_input_error(error: InputError) -> ServeError:
+    """The answer to input an engine refused (ortpack.kernel.errors): 413 over a limit, 415 of a
+    kind it does not take, 400 otherwise."""
+    if isinstance(error, InputTooLargeError):
+        return PayloadTooLargeError(str(error))
+    if isinstance(error, UnsupportedInputError):
+        return UnsupportedMediaTypeError(str(error))
+    return InvalidRequestError(str(error))
 
 
 def status_of(error: ServeError) -> int:

@@ -21,6 +21,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from ortpack.kernel.errors import InputError
 from ortpack.serving import context
 from ortpack.serving.context import RequestContext, bind, unbind
 from ortpack.serving.errors import (
@@ -34,6 +35,7 @@ from ortpack.serving.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
     error_body,
+    from_input_error,
     status_of,
 )
 from ortpack.serving.stages import breakdown
@@ -41,9 +43,8 @@ from ortpack.serving.stages import breakdown
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    import numpy as np
-
     from ortpack.kernel.bundle import EmbeddingSpace, Manifest
+    from ortpack.kernel.engine import Item
     from ortpack.serving.config import ServeConfig
     from ortpack.serving.metrics import Metrics
 
@@ -106,7 +107,7 @@ class Served(Protocol):
     @property
     def space(self) -> EmbeddingSpace | None: ...
 
-    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any], *, tokens: int = 0) -> np.ndarray: ...
+    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]: ...
 
 
 def service_of(request: Request) -> Served:
@@ -297,6 +298,8 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
             response = await spec.handler(request)
         except ServeError as exc:
             response = error_response(exc)
+        except InputError as exc:  # the engine refused the input (kernel/errors.py)
+            response = error_response(from_input_error(exc))
         except ClientDisconnect:
             response = _gone(request)
         except asyncio.CancelledError:

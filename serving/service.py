@@ -1,5 +1,5 @@
 """The model service: one loaded bundle variant behind the batcher (the layer between the HTTP
-routes and the backend). It picks the variant, checks it on this node, and owns readiness:
+routes and the task's engine). It picks the variant, checks it on this node, and owns readiness:
 warm-up runs every shape before `ready`."""
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ortpack.kernel.backend import load_session
 from ortpack.kernel.bundle import (
     MANIFEST_NAME,
     BundleError,
@@ -30,8 +27,11 @@ from ortpack.kernel.bundle import (
     verify_bundle,
 )
 from ortpack.kernel.contracts import get_contract
+from ortpack.kernel.engine import Engine, EngineOptions, Item
+from ortpack.kernel.engines import get_engine, open_engine
 from ortpack.kernel.hardware import HardwareInfo, this_machine
 from ortpack.kernel.probe import Probe, ProbeResult, check_probe
+from ortpack.kernel.runtime import serving_session
 from ortpack.kernel.selection import candidate_variants
 from ortpack.serving import context
 from ortpack.serving.batcher import Batcher
@@ -46,11 +46,13 @@ log = logging.getLogger("ortpack.serve")
 
 @dataclass
 class ModelService:
-    """One loaded variant of a bundle behind the batcher: what the routes call. `runtime` is the
-    task's side (serving/tasks/): its backend, tokenizer or decoder, routes and schemas."""
+    """One loaded variant of a bundle behind the batcher: what the routes call. `engine` is the
+    task's kernel half (kernel/engines/: tokenizer or decoder, the model call); `runtime` its
+    HTTP half (serving/tasks/: routes, bodies, v2 tensors)."""
 
     manifest: Manifest
     variant: Variant
+    engine: Engine
     runtime: TaskRuntime
     batcher: Batcher
     metrics: Metrics
@@ -64,12 +66,8 @@ class ModelService:
     ready: bool = False
     draining: bool = False
     timeline: Timeline = field(default_factory=Timeline)  # the start-up phases
-    # opens the lone backend (a batch that runs alone, on every core): after ready, see `open_lone`
-    lone_opener: Callable[[], Any] | None = None
-
-    @property
-    def backend(self) -> Any:
-        return self.runtime.backend
+    # opens the lone engine (a batch that runs alone, on every core): after ready, see `open_lone`
+    lone_opener: Callable[[], Engine] | None = None
 
     @functools.cached_property
     def space(self) -> EmbeddingSpace | None:
@@ -77,29 +75,29 @@ class ModelService:
         once, every embeddings answer names it."""
         return embedding_space(self.manifest, self.variant)
 
-    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any], *, tokens: int = 0) -> np.ndarray:
-        """Queue one request's items and wait for their rows (in order)."""
+    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]:
+        """Queue one request's items and wait for their outputs (in order)."""
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
         self.metrics.queue_depth.set(self.batcher.depth + len(payloads))
-        rows = np.stack(await self.batcher.submit(payloads, buckets, self.timeout_s))
+        items = await self.batcher.submit(payloads, buckets, self.timeout_s)
         ctx = context.current()
         if ctx is not None and ctx.model_end:
             ctx.postprocess_s = time.perf_counter() - ctx.model_end
-        return rows
+        return items
 
     def warm_up(self, max_batch_size: int, threads: int) -> tuple[int, float]:
         """Run every shape the task will run once (first calls allocate memory and pick kernels),
         spread over `threads` (the server's model workers: the cores are otherwise idle during
         start-up). Returns (batches, seconds)."""
-        batches = self.runtime.warm_up_batches(max_batch_size)
+        batches = self.engine.warm_up_batches(max_batch_size)
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
-            list(pool.map(self.backend.run, batches))
+            list(pool.map(self.engine.run, batches))
         return len(batches), time.perf_counter() - started
 
     def open_lone(self, max_batch_size: int, warmup: bool = True) -> None:
-        """Open the lone backend, run every warm-up shape on it (on every core already: one at a
+        """Open the lone engine, run every warm-up shape on it (on every core already: one at a
         time), then hand it to the batcher. The server does it after turning ready: until then a
         batch that runs alone runs on a worker session, as under load."""
         if self.lone_opener is None:
@@ -107,7 +105,7 @@ class ModelService:
         started = time.perf_counter()
         lone, self.lone_opener = self.lone_opener(), None
         if warmup:
-            for batch in self.runtime.warm_up_batches(max_batch_size):
+            for batch in self.engine.warm_up_batches(max_batch_size):
                 lone.run(batch)
         self.batcher.lone_backend = lone
         log.info("lone session: opened and warmed up in %.2f s, after ready", time.perf_counter() - started)
@@ -148,20 +146,19 @@ class ModelService:
         await self.batcher.stop(drain=True)
 
 
-def _batcher(runtime: TaskRuntime, config: ServeConfig, metrics: Metrics, lone: bool) -> Batcher:
-    """The batcher; with `lone`, its lone backend comes later (`ModelService.open_lone`)."""
-    item_cost, max_cost = runtime.item_cost()
+def _batcher(engine: Engine, config: ServeConfig, metrics: Metrics, lone: bool) -> Batcher:
+    """The batcher; with `lone`, its lone engine comes later (`ModelService.open_lone`)."""
     return Batcher(
-        runtime.backend,
+        engine,
         max_batch_size=config.max_batch_size,
         max_queue_size=config.max_queue_size,
         workers=config.worker_count,
         max_batch_delay_ms=config.max_batch_delay_ms,
         on_batch=metrics.observe_batch,
-        item_cost=item_cost,
-        max_batch_cost=max_cost,
-        item_tokens=runtime.item_tokens(),
-        max_batch_tokens=config.max_batch_tokens,
+        cost=engine.cost,
+        padded=engine.padded,
+        max_batch_cost=engine.max_batch_cost,
+        units=engine.units,
         lone_threads=config.lone_thread_count if lone else 1,
     )
 
@@ -217,7 +214,8 @@ def load_service(
         others = pool.submit(verify_others)
         began = timeline.now()
         files = {rel: read_verified(bundle_dir, manifest, rel) for rel in shared}
-        probe = Probe.from_bytes(files[manifest.probe.file]) if manifest.probe is not None else None
+        names = [o.name for o in manifest.signature.outputs]
+        probe = Probe.from_bytes(files[manifest.probe.file], names) if manifest.probe is not None else None
         rejected: list[ProbeResult] = []
         service: ModelService | None = None
         for variant in candidates:
@@ -299,13 +297,12 @@ def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo, thr
     over `threads` (the server's model workers: the cores are otherwise idle meanwhile)."""
     return check_probe(
         probe,
-        service.runtime.probe_prepare(),
-        service.backend.run,
+        service.engine,
         service.variant.parity.thresholds,
-        get_task(service.manifest.task).probe_metrics,
+        get_engine(service.manifest.task).probe_metrics,
         gates=get_contract(service.manifest.task).gates,
         variant_id=service.variant.id,
-        provider=service.backend.session.get_providers()[0],
+        provider=service.engine.session.get_providers()[0],
         hardware=hardware.as_dict(),
         threads=threads,
     )
@@ -320,30 +317,32 @@ def _open(
     metrics: Metrics,
 ) -> tuple[ModelService, str]:
     """The loaded model service, and how it batches (for the start-up log line)."""
-    session, plan = load_session(model, variant, intra_op_threads=config.intra_op_threads)
-    context = LoadContext(manifest=manifest, variant=variant, session=session, files=files, config=config)
-    task = get_task(manifest.task)
+    session, plan = serving_session(model, variant, intra_op_threads=config.intra_op_threads)
     try:
-        runtime = task.open(context)
+        engine = open_engine(manifest, session, files, variant=variant, options=engine_options(config))
+        runtime = get_task(manifest.task).open(
+            LoadContext(manifest=manifest, variant=variant, engine=engine, config=config)
+        )
     except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
         raise BundleError(str(exc)) from None
-    lone_opener: Callable[[], Any] | None = None
+    lone_opener: Callable[[], Engine] | None = None
     if config.lone_thread_count > max(1, config.intra_op_threads):
 
-        def open_lone() -> Any:
+        def open_lone() -> Engine:
             """The same verified bytes in a second session with every core, for batches that run alone."""
-            session, _ = load_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
-            return task.backend(session, manifest.task_settings, manifest.output_width)
+            session, _ = serving_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
+            return engine.on(session)
 
         lone_opener = open_lone
-        batching = f"{runtime.batching}; a batch alone on {config.lone_thread_count} threads"
+        batching = f"{engine.batching}; a batch alone on {config.lone_thread_count} threads"
     else:
-        batching = runtime.batching
+        batching = engine.batching
     return ModelService(
         manifest=manifest,
         variant=variant,
+        engine=engine,
         runtime=runtime,
-        batcher=_batcher(runtime, config, metrics, lone_opener is not None),
+        batcher=_batcher(engine, config, metrics, lone_opener is not None),
         metrics=metrics,
         model_name=config.model_name or manifest.name,
         timeout_s=config.request_timeout_ms / 1000.0,
@@ -351,6 +350,20 @@ def _open(
         load_reason=f"{plan.providers[0]}: {plan.reason}",
         lone_opener=lone_opener,
     ), batching
+
+
+def engine_options(config: ServeConfig) -> EngineOptions:
+    """The server's limits, as the engine applies them."""
+    return EngineOptions(
+        max_tokens=config.max_tokens,
+        truncate=config.truncate,
+        buckets=config.buckets,
+        max_text_chars=config.max_text_chars,
+        max_image_pixels=config.max_image_pixels,
+        decode=config.decode,
+        max_batch_tokens=config.max_batch_tokens,
+        max_batch_pixels=config.max_batch_pixels,
+    )
 
 
 def model_service(request: Any) -> ModelService:

@@ -1,238 +1,71 @@
-"""Text in, token ids out: the bundle's tokenizer, its limits, and length buckets.
+"""Texts in requests: the body types every text task's requests share (`Texts`, `TextsOrTokens`),
+Open Inference Protocol string tensors, and tokenizing off the event loop.
 
-Tokenization uses Hugging Face `tokenizers` with the bundle's tokenizer.json and settings, so
-the server tokenizes exactly as the parity gate did. A request of several texts (or a long one)
-is tokenized off the event loop (`encode_async`): `encode_batch` releases the GIL and tokenizes
-the texts in parallel, and the loop keeps serving other requests meanwhile (inline, 16 sentences
-held the loop ~2.5 ms). Texts are bounded in characters before they are tokenized (a 4 MB text
-would take seconds to tokenize only to be truncated to 256 tokens): with truncation on they are
-cut at `max_chars` (100 characters per token by default, far beyond what `max_tokens` tokens
-span in any real text, so the tokens kept are the same), with it off they are refused (413).
+The tokenizer is the kernel's (ortpack.kernel.tokenizer: the bundle's tokenizer.json with the
+server's limits). A request of several texts (or a long one) is tokenized on a thread here:
+`encode_batch` releases the GIL and tokenizes the texts in parallel, and the loop keeps serving
+other requests meanwhile (inline, 16 sentences held the loop ~2.5 ms). The time it takes is the
+request's `tokenize` stage, its tokens are counted, and its deadline is checked after.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-import numpy as np
 from pydantic import AfterValidator, Field, StrictInt, ValidationInfo
 
-from ortpack.kernel.contracts import TextSettings
+from ortpack.kernel.tokenizer import Encoded, TextEncoder
 from ortpack.serving import context
 from ortpack.serving.bodies import worded
-from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
+from ortpack.serving.errors import InvalidRequestError
 
 # A request of one text up to this long is tokenized inline on the event loop (~50-70 us for a
 # sentence: less than the hop to a thread); a longer text, or several texts, on a thread.
-_INLINE_CHARS = 4096
-# Default character bound per text: this many characters per token of --max-tokens.
-CHARS_PER_TOKEN = 100
+INLINE_CHARS = 4096
+
+T = TypeVar("T")
 
 
-def default_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Ceilings 4 tokens apart up to 32, then 8 up to 64, 16 up to 128, 32 beyond; `max_tokens`
-    is always the last. A batch is padded to its longest item, so fine buckets keep padding small
-    (measured on short queries: 1.05x padded/real tokens against 1.11x with powers of two, and
-    ~10% less CPU per request); on CPU, batching barely raises the model's throughput, so
-    smaller batches cost little."""
-    buckets, size = [], 8
-    while size < max_tokens:
-        buckets.append(size)
-        size += 4 if size < 32 else 8 if size < 64 else 16 if size < 128 else 32
-    buckets.append(max_tokens)
-    return tuple(buckets)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenPair:
-    """A tokenized (query, document) pair: ids and segment ids. Its length is its token count."""
-
-    ids: np.ndarray
-    type_ids: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class Encoded:
-    payloads: list[Any]  # int64 token-id arrays, one per text (or a TokenPair per pair)
-    buckets: list[int]  # each text's padded-length ceiling
-    tokens: int  # real tokens in the request (for `usage`)
-
-
-class TextEncoder:
-    """`tokenizer_json` is the text of the bundle's tokenizer.json (read and verified by the caller:
-    the server tokenizes with exactly the bytes it checked)."""
-
-    def __init__(
-        self, tokenizer_json: str, *, max_tokens: int, truncate: bool, buckets: Sequence[int], max_chars: int = 0
-    ) -> None:
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_str(tokenizer_json)
-        self.tokenizer.no_padding()
-        self.max_tokens = max_tokens
-        self.max_chars = max_chars or CHARS_PER_TOKEN * max_tokens
-        self.truncate = truncate
-        if truncate:
-            self.tokenizer.enable_truncation(max_tokens)
-        else:
-            self.tokenizer.no_truncation()
-        ceilings = sorted({b for b in buckets if b < max_tokens} | {max_tokens})
-        self.buckets = tuple(ceilings)
-        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    @classmethod
-    def for_server(cls, tokenizer_json: str, model_max_length: int, config: Any) -> TextEncoder:
-        """The encoder a server uses: the bundle's tokenizer with the server's limits
-        (--max-tokens, --truncate, --buckets, --max-text-chars from `config`)."""
-        max_tokens = config.max_tokens or model_max_length
-        if max_tokens > model_max_length:
-            raise ValueError(f"--max-tokens {max_tokens} exceeds the model's {model_max_length}")
-        return cls(
-            tokenizer_json,
-            max_tokens=max_tokens,
-            truncate=config.truncate,
-            buckets=config.buckets or default_buckets(max_tokens),
-            max_chars=config.max_text_chars,
-        )
-
-    def warm_up_batches(self, max_batch_size: int) -> list[list[np.ndarray]]:
-        """Batch 1 at every bucket ceiling and a full batch at the smallest, biggest first."""
-
-        def ids(length: int) -> np.ndarray:
-            return np.full(length, 1000 % self.vocab_size, dtype=np.int64)
-
-        batches = [[ids(b)] for b in self.buckets] + [[ids(self.buckets[0])] * max_batch_size]
-        return sorted(batches, key=lambda batch: -len(batch) * len(batch[0]))
-
-    def bucket_of(self, length: int) -> int:
-        return self.buckets[bisect.bisect_left(self.buckets, length)]
-
-    def _finish(self, id_lists: Sequence[Sequence[int]]) -> Encoded:
-        payloads, buckets, tokens = [], [], 0
-        for index, ids in enumerate(id_lists):
-            if len(ids) > self.max_tokens:
-                raise PayloadTooLargeError(
-                    f"input[{index}] has {len(ids)} tokens; the limit is {self.max_tokens} "
-                    "(this server does not truncate)"
-                )
-            payloads.append(np.asarray(ids, dtype=np.int64))
-            buckets.append(self.bucket_of(len(ids)))
-            tokens += len(ids)
-        ctx = context.current()
-        if ctx is not None:
-            ctx.tokens += tokens
-        return Encoded(payloads=payloads, buckets=buckets, tokens=tokens)
-
-    def bound(self, texts: Sequence[str], where: str = "input") -> Sequence[str]:
-        """Texts within `max_chars`: longer ones cut there (truncation on) or refused (413)."""
-        limit, cut = self.max_chars, None
-        for index, text in enumerate(texts):
-            if len(text) > limit:
-                if not self.truncate:
-                    raise PayloadTooLargeError(
-                        f"{where}[{index}] has {len(text)} characters; the limit is {limit} "
-                        "(this server does not truncate)"
-                    )
-                cut = list(texts) if cut is None else cut
-                cut[index] = text[:limit]
-        return texts if cut is None else cut
-
-    def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
-        """(query, document) pairs as one sequence each, with segment ids; truncation (when on)
-        shortens the longer text first, as Hugging Face tokenizers do."""
-        pairs = [
-            (a, b) for a, b in zip(self.bound([p[0] for p in pairs]), self.bound([p[1] for p in pairs]), strict=True)
-        ]
-        encodings = self.tokenizer.encode_batch(pairs)
-        checked = self._finish([e.ids for e in encodings])
-        payloads = [
-            TokenPair(ids=ids, type_ids=np.asarray(e.type_ids, dtype=np.int64))
-            for ids, e in zip(checked.payloads, encodings, strict=True)
-        ]
-        return Encoded(payloads=payloads, buckets=checked.buckets, tokens=checked.tokens)
-
-    async def encode_pairs_async(self, pairs: Sequence[tuple[str, str]]) -> Encoded:
-        started = time.perf_counter()
-        if len(pairs) == 1 and len(pairs[0][0]) + len(pairs[0][1]) <= _INLINE_CHARS:
-            encoded = self.encode_pairs(pairs)
-        else:
-            encoded = await asyncio.to_thread(self.encode_pairs, pairs)
-            _check_deadline()
-        _count_time(started)
-        return encoded
-
-    def encode(self, texts: Sequence[str]) -> Encoded:
-        texts = self.bound(texts)
-        if len(texts) == 1:
-            return self._finish([self.tokenizer.encode(texts[0]).ids])
-        return self._finish([e.ids for e in self.tokenizer.encode_batch(list(texts))])
-
-    async def encode_async(self, texts: Sequence[str]) -> Encoded:
-        """One short text inline; several texts, or a long one, on a thread (in parallel there)."""
-        started = time.perf_counter()
-        if len(texts) == 1 and len(texts[0]) <= _INLINE_CHARS:
-            encoded = self.encode(texts)
-        else:
-            encoded = await asyncio.to_thread(self.encode, texts)
-            _check_deadline()
-        _count_time(started)
-        return encoded
-
-    def from_ids(self, id_lists: Sequence[Sequence[int]]) -> Encoded:
-        """Token-id input (OpenAI allows it): used as given, checked against the vocabulary."""
-        started = time.perf_counter()
-        checked = []
-        for index, ids in enumerate(id_lists):
-            if len(ids) > self.max_tokens and self.truncate:
-                ids = ids[: self.max_tokens]
-            for token in ids:
-                if not 0 <= token < self.vocab_size:
-                    raise InvalidRequestError(f"input[{index}] has token id {token}, outside 0..{self.vocab_size - 1}")
-            checked.append(ids)
-        encoded = self._finish(checked)
-        _count_time(started)
-        return encoded
-
-
-def _count_time(started: float) -> None:
-    """Add the time since `started` to the current request's tokenize stage."""
+async def tokenize(work: Callable[[], T], inline: bool) -> T:
+    """`work()` (a tokenization) inline or on a thread, timed as the request's tokenize stage; the
+    request's deadline is checked after a thread's work, and an `Encoded` result's tokens counted."""
+    started = time.perf_counter()
+    if inline:
+        result = work()
+    else:
+        result = await asyncio.to_thread(work)
+        _check_deadline()
     ctx = context.current()
     if ctx is not None:
         ctx.tokenize_s += time.perf_counter() - started
+        if isinstance(result, Encoded):
+            ctx.tokens += result.tokens
+    return result
 
 
-def payload_tokens(payload: Any) -> int:
-    """Tokens of one text payload: an int64 id array or a TokenPair (its len() is its tokens)."""
-    return len(payload)
+async def encode_texts(encoder: TextEncoder, texts: Sequence[str]) -> Encoded:
+    """One short text inline; several texts, or a long one, on a thread (in parallel there)."""
+    return await tokenize(lambda: encoder.encode(texts), len(texts) == 1 and len(texts[0]) <= INLINE_CHARS)
 
 
-class TokenizedRuntime:
-    """What every text task's runtime shares: texts are token payloads of no cost beyond the
-    token budget, warmed up at every bucket of its `encoder`, and probed with `_probe` (the
-    bundle's tokenizer at its own max length: `probe_prepare`)."""
+async def encode_pairs(encoder: TextEncoder, pairs: Sequence[tuple[str, str]]) -> Encoded:
+    inline = len(pairs) == 1 and len(pairs[0][0]) + len(pairs[0][1]) <= INLINE_CHARS
+    return await tokenize(lambda: encoder.encode_pairs(pairs), inline)
 
-    encoder: TextEncoder
-    _probe: Any
 
-    def item_cost(self) -> tuple[None, float]:
-        return None, float("inf")
+async def encode_ids(encoder: TextEncoder, id_lists: Sequence[Sequence[int]]) -> Encoded:
+    """Token-id input (OpenAI allows it), checked against the vocabulary, inline."""
+    return await tokenize(lambda: encoder.from_ids(id_lists), True)
 
-    def item_tokens(self) -> Callable[[Any], int]:
-        return payload_tokens
 
-    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        return list(self.encoder.warm_up_batches(max_batch_size))
-
-    def probe_prepare(self) -> Any:
-        return self._probe
+def context_tokens(count: int) -> None:
+    """Count `count` tokens to the current request (a tokenization `tokenize` did not see whole)."""
+    ctx = context.current()
+    if ctx is not None:
+        ctx.tokens += count
 
 
 def _check_deadline() -> None:
@@ -304,19 +137,3 @@ def v2_texts(tensor: dict[str, Any]) -> list[str]:
         if not text.strip():
             raise InvalidRequestError(f"inputs[0].data[{i}] is empty")
     return data
-
-
-def probe_prepare(settings: TextSettings, files: dict[str, bytes]) -> Any:
-    """Probe inputs (texts, or (query, document) pairs) to token payloads with the bundle's
-    tokenizer at the bundle's own max length, whatever --max-tokens the server uses: the probe
-    checks the variant, not the server's limits."""
-    tokenizer = settings.tokenizer
-    length = tokenizer.max_length
-    encoder = TextEncoder(files[tokenizer.file].decode(), max_tokens=length, truncate=True, buckets=(length,))
-
-    def prepare(inputs: Sequence[Any]) -> list[Any]:
-        if inputs and isinstance(inputs[0], tuple):
-            return list(encoder.encode_pairs([(str(a), str(b)) for a, b in inputs]).payloads)
-        return list(encoder.encode([str(t) for t in inputs]).payloads)
-
-    return prepare

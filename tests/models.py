@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
@@ -308,3 +310,34 @@ def build_tiny_bundle(model: Path, out: Path, precisions: tuple[str, ...]) -> Pa
         variants.append(vdir)
     package_dirs(export, variants, out)
     return out
+
+
+# Texts the serving tests send: short, non-Latin scripts, and one past the tiny model's 128 tokens
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Kubeflow pipelines run each step in its own container.",
+    "ok",
+    "Ein kurzer deutscher Satz über das Wetter in Berlin.",
+    "日本語の文も埋め込めます。",
+    " ".join(["long"] * 300),  # past the tiny model's 128 tokens: truncated
+]
+
+
+def reference_rows(bundle: Path, texts: list[str], variant: str = "cpu-fp32") -> np.ndarray:
+    """Each text alone through the served variant with ONNX Runtime directly (no server)."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from ortpack.kernel.bundle import read_manifest
+
+    manifest = read_manifest(bundle)
+    assert manifest.task_settings.tokenizer is not None
+    tok = Tokenizer.from_file(str(bundle / manifest.task_settings.tokenizer.file))
+    tok.enable_truncation(manifest.task_settings.tokenizer.max_length)
+    session = ort.InferenceSession(str(bundle / manifest.variant(variant).file), providers=["CPUExecutionProvider"])
+    rows = []
+    for text in texts:
+        enc = tok.encode(text)
+        feeds = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
+        rows.append(session.run(None, {k: np.array(v, dtype=np.int64) for k, v in feeds.items()})[0][0])
+    return np.stack(rows)

@@ -54,8 +54,10 @@ def _tokenizer_json() -> bytes:
 
 def document(case: str) -> dict[str, Any]:
     from ortpack.kernel.bundle import Manifest
+    from ortpack.kernel.engines import open_engine
     from ortpack.serving.app import openapi_for
     from ortpack.serving.config import ServeConfig
+    from ortpack.serving.service import engine_options
     from ortpack.serving.tasks import LoadContext, get_task
 
     fields = {
@@ -68,15 +70,13 @@ def document(case: str) -> dict[str, Any]:
         **CASES[case],
     }
     manifest = Manifest.model_validate(fields)
-    context = LoadContext(
-        manifest=manifest,
-        variant=manifest.variants[0],
-        session=None,  # routes and schemas do not need the model
-        files={"tokenizer.json": _tokenizer_json()},
-        config=ServeConfig(bundle="golden"),
-    )
+    config = ServeConfig(bundle="golden")
+    files = {"tokenizer.json": _tokenizer_json()}
+    # routes and schemas do not need the model: an engine without a session
+    engine = open_engine(manifest, None, files, variant=manifest.variants[0], options=engine_options(config))
+    context = LoadContext(manifest=manifest, variant=manifest.variants[0], engine=engine, config=config)
     runtime = get_task(manifest.task).open(context)
-    return openapi_for(runtime, manifest.name)
+    return openapi_for(runtime, manifest, manifest.name)
 
 
 def path_of(case: str) -> Path:

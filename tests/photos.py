@@ -22,6 +22,15 @@ HELDOUT = ("rocket", "motorcycle_right", "coins", "gravel", "color")
 FILES = {"rocket": "rocket.jpg", "hubble_deep_field": "hubble_deep_field.jpg", "retina": "retina.jpg"}
 
 
+def encode(image: np.ndarray, fmt: str, **options: object) -> bytes:
+    """An image (uint8 [height, width, 3]) encoded by Pillow as `fmt` (JPEG, PNG, WEBP, GIF...)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, fmt, **options)
+    return buf.getvalue()
+
+
 @dataclass(frozen=True)
 class PhotoSets:
     calibration: Path

@@ -52,7 +52,7 @@ def running_server(
     log = log_dir / f"server-{port}.log"
     with open(log, "w") as fh:
         process = subprocess.Popen(
-            [python, "-m", "serving", "--bundle", str(bundle), "--port", str(port), *args],
+            [python, "-m", "ortpack.serving", "--bundle", str(bundle), "--port", str(port), *args],
             stdout=fh,
             stderr=subprocess.STDOUT,
             text=True,

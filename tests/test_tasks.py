@@ -13,7 +13,13 @@ from ortpack.serving.tasks import task_names as serving_task_names
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where a task's own modules live: each holds <task>.py (`text-embedding` -> text_embedding.py)
-TASK_DIRS = ("kernel/contracts", "serving/tasks", "components/core/tasks", "components/core/exporters")
+TASK_DIRS = (
+    "kernel/contracts",
+    "kernel/engines",
+    "serving/tasks",
+    "components/core/tasks",
+    "components/core/exporters",
+)
 # The registries may name the default task
 REGISTRIES = ("kernel/contracts/__init__.py",)
 

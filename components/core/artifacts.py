@@ -16,6 +16,7 @@ from ortpack.components.core.errors import ParityError
 
 if TYPE_CHECKING:
     from ortpack.kernel.contracts import TaskSettings
+    from ortpack.kernel.contracts.tensors import Signature
 
 
 class _Record:
@@ -77,6 +78,16 @@ class ExportResult(_Record):
         from ortpack.kernel.bundle import check_task_settings
 
         return check_task_settings(self.task, self.task_settings)
+
+    def signature(self) -> Signature:
+        """The task's tensors for this export (its contract's declaration for its section)."""
+        from ortpack.kernel.contracts import get_contract
+
+        return get_contract(self.task).signature(self.settings())
+
+    def sizes(self) -> dict[str, int]:
+        """The named dimensions the graph fixes ({"dim": 384})."""
+        return self.signature().sizes([*self.inputs, *self.outputs])
 
     def manifest_fields(self) -> dict[str, Any]:
         """The manifest fields an export determines (everything but variants and files)."""

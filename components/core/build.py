@@ -392,12 +392,12 @@ def run_package_step(
 
     export_dir = Path(export_dir)
     export = ExportResult.load(export_dir)
-    from ortpack.components.core.tasks import get_family
+    from ortpack.kernel.contracts import get_contract, space_tasks
 
-    if baseline_bundle and not get_family(export.task).embedding_space:  # refused before any other work
+    if baseline_bundle and get_contract(export.task).space is None:  # refused before any other work
         raise InvalidSpecError(
-            f"a baseline bundle is compared as `ortpack bundle diff` does, for text-embedding bundles only; "
-            f"this run packages a {export.task} model"
+            f"a baseline bundle is compared as `ortpack bundle diff` does, for embedding bundles only "
+            f"({', '.join(space_tasks())}); this run packages a {export.task} model"
         )
     if require_compatible and not baseline_bundle:
         raise InvalidSpecError("require_compatible needs a baseline_bundle to compare with")

@@ -1,13 +1,14 @@
-"""Will this bundle break my index? Compare the vector spaces of two text-embedding bundles.
+"""Will this bundle break my index? Compare the vector spaces of two embedding bundles.
 
 `diff_bundles(old, new, spec)` opens both bundles the way the server does (any bundle URI the
 server accepts, fetched by ortpack.kernel.sources and verified), runs paired variants (the same
-precision by default, every pair with `all_pairs`) through ONNX Runtime with the server's own
-tokenization, session and backend (ortpack.serving.tasks) on two sets of texts:
+precision by default, every pair with `all_pairs`) through ONNX Runtime with the task's own
+engine (ortpack.kernel.engines: the server's tokenization or image decoding, session and model
+call) on two sets of inputs:
 
-- the probe set: the probe sentences both bundles carry;
-- a retrieval set: queries (400 shipped support-desk questions) searching documents (the shipped
-  validation sentences), both overridable.
+- the probe set: the probe inputs both bundles carry;
+- a retrieval set: the task family's (`TaskFamily.retrieval_set`; text: 400 shipped
+  support-desk questions searching the shipped validation sentences), overridable.
 
 Per pair it reports the cosine of old and new vectors of the same text (min/mean), neighbour
 agreement@k (each text's k nearest neighbours within its set, old vs new), and **cross-space
@@ -24,10 +25,13 @@ normalisation differ: nothing is run). Two variants in the same embedding space
 The pipeline's package step uses it through `check_baseline` (its `baseline_bundle` parameter):
 a `BaselineCheck` carries the diff, its KFP metrics and whether it stops the build.
 
-What it does not do: judge which bundle is *better* (there are no relevance labels here, only
-agreement with the old bundle), or compare other tasks than text embeddings.
+The task's contract says whether it has an embedding space and which output holds the vectors
+(`TaskContract.space`); any such task is compared the same way.
 
-numpy, onnxruntime and tokenizers only (through serving): no torch.
+What it does not do: judge which bundle is *better* (there are no relevance labels here, only
+agreement with the old bundle), or compare tasks without an embedding space.
+
+numpy, onnxruntime and the engines' tokenizers and decoders only (through the kernel): no torch.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import numpy as np
 
 from ortpack.components.core.errors import InvalidSpecError
 from ortpack.kernel.bundle import Manifest, Variant, embedding_space
-from ortpack.kernel.contracts.text_embedding import TextEmbeddingSettings
+from ortpack.kernel.contracts import get_contract, space_tasks
 
 log = logging.getLogger("ortpack.compat")
 
@@ -171,9 +175,10 @@ def diff_bundles(old: str, new: str, spec: DiffSpec | None = None) -> BundleDiff
     with tempfile.TemporaryDirectory(prefix="ortpack-diff-") as cache:
         a, b = _open(old, Path(cache) / "old"), _open(new, Path(cache) / "new")
         pairs = pair_variants(a.manifest, b.manifest, all_pairs=spec.all_pairs)
-        probe = _unique([*a.probe_texts(), *b.probe_texts()])
-        queries = _unique(spec.queries or _shipped_queries())
-        documents = _unique(spec.documents or _shipped_documents())
+        probe = _unique([*a.probe_inputs(), *b.probe_inputs()])
+        shipped = _retrieval_set(a.manifest.task) if not (spec.queries and spec.documents) else ((), ())
+        queries = _unique(spec.queries or shipped[0])
+        documents = _unique(spec.documents or shipped[1])
         if not queries or not documents:
             raise InvalidSpecError("the retrieval set needs at least one query and one document")
         texts = [*probe, *queries, *documents]
@@ -341,14 +346,14 @@ class _Side:
     path: Path
     manifest: Manifest
 
-    def probe_texts(self) -> list[str]:
+    def probe_inputs(self) -> list[Any]:
         from ortpack.kernel.bundle import read_verified
         from ortpack.kernel.probe import Probe
 
         if self.manifest.probe is None:
             return []
-        probe = Probe.from_bytes(read_verified(self.path, self.manifest, self.manifest.probe.file))
-        return [str(t) for t in probe.inputs]
+        names = [o.name for o in self.manifest.signature.outputs]
+        return Probe.from_bytes(read_verified(self.path, self.manifest, self.manifest.probe.file), names).inputs
 
     def summary(self) -> dict[str, Any]:
         spaces = {}
@@ -366,8 +371,10 @@ def _open(uri: str, cache: Path) -> _Side:
     cache.mkdir(parents=True, exist_ok=True)
     path = fetch_bundle(uri, cache)
     manifest = verify_bundle(path)
-    if not isinstance(manifest.task_settings, TextEmbeddingSettings):
-        raise InvalidSpecError(f"bundle diff compares text-embedding bundles; {uri} is a {manifest.task} bundle")
+    if get_contract(manifest.task).space is None:
+        raise InvalidSpecError(
+            f"bundle diff compares embedding bundles ({', '.join(space_tasks())}); {uri} is a {manifest.task} bundle"
+        )
     return _Side(uri=uri, path=path, manifest=manifest)
 
 
@@ -384,6 +391,8 @@ def pair_variants(old: Manifest, new: Manifest, *, all_pairs: bool = False) -> l
 
 def incompatibility(old: Manifest, new: Manifest) -> str:
     """Why vectors of the two bundles cannot share an index at all ("" when they could)."""
+    if old.task != new.task:
+        return f"tasks differ: {old.task} -> {new.task}"
     dims = (_width(old), _width(new))
     if dims[0] != dims[1]:
         return f"dimensions differ: {dims[0]} -> {dims[1]}"
@@ -393,16 +402,27 @@ def incompatibility(old: Manifest, new: Manifest) -> str:
     return ""
 
 
+def _vectors(manifest: Manifest) -> str:
+    """The output that holds the vectors (the task's space declaration)."""
+    declared = get_contract(manifest.task).space
+    if declared is None:
+        raise InvalidSpecError(f"bundle {manifest.name} is a {manifest.task} bundle: it has no embedding space")
+    return declared.output
+
+
 def _width(manifest: Manifest) -> int:
-    width = manifest.outputs[0].shape[-1]
+    name = _vectors(manifest)
+    shape = next((o.shape for o in manifest.outputs if o.name == name), [None])
+    width = shape[-1]
     if not isinstance(width, int):
-        raise InvalidSpecError(f"bundle {manifest.name} does not record its embedding width (output shape {width!r})")
+        raise InvalidSpecError(f"bundle {manifest.name} does not record its embedding width (output shape {shape!r})")
     return width
 
 
 def _normalized(manifest: Manifest) -> bool:
-    settings = manifest.task_settings
-    return isinstance(settings, TextEmbeddingSettings) and settings.pooling.normalize
+    declared = get_contract(manifest.task).space
+    facts = declared.facts(manifest.task_settings, manifest.files) if declared is not None else None
+    return bool(facts and facts.get("normalize"))
 
 
 def _pair(a: _Side, b: _Side, vo: Variant, vn: Variant, verdict: str, reason: str, **numbers: Any) -> PairDiff:
@@ -421,17 +441,19 @@ def _pair(a: _Side, b: _Side, vo: Variant, vn: Variant, verdict: str, reason: st
 
 
 def _embed(
-    side: _Side, variant: Variant, texts: Sequence[str], cache: dict[str, np.ndarray], threads: int
+    side: _Side, variant: Variant, inputs: Sequence[Any], cache: dict[str, np.ndarray], threads: int
 ) -> np.ndarray:
-    """The variant's rows for `texts`, as a server computes them: the bundle's tokenizer at its
-    max length, the verified model bytes in a session planned like the server's. int8 variants
-    run at batch 1 (dynamic quantization picks its scales per call, so a text's vector depends on
-    its batch: MiniLM, min cosine 0.949 between batch 1 and length-sorted batches of 16), the
-    others in length-sorted batches of `BATCH` (batch-invariant, and 1.7x faster on MiniLM fp32).
-    A space embedded already (the same model, tokenizer and settings) is reused."""
+    """The variant's vectors for `inputs`, as a server computes them: the task's engine (the
+    bundle's tokenizer at its max length, the server's image decoder), the verified model bytes in
+    a session planned like the server's. int8 variants run at batch 1 (dynamic quantization picks
+    its scales per call, so an input's vector depends on its batch: MiniLM, min cosine 0.949
+    between batch 1 and length-sorted batches of 16), the others in cost-sorted batches of
+    `BATCH` (batch-invariant, and 1.7x faster on MiniLM fp32); images of one size only share a
+    batch. A space embedded already (the same model, tokenizer and settings) is reused."""
     from ortpack.kernel.bundle import read_verified
+    from ortpack.kernel.engine import stack
+    from ortpack.kernel.engines import open_engine
     from ortpack.kernel.runtime import create_session, plan_for
-    from ortpack.serving.tasks import get_task
 
     space = embedding_space(side.manifest, variant)
     key = space.id if space is not None else f"{side.uri}#{variant.id}"
@@ -441,19 +463,34 @@ def _embed(
     manifest = side.manifest
     files = {name: read_verified(side.path, manifest, name) for name in manifest.task_settings.shared_files()}
     model = read_verified(side.path, manifest, variant.file)
-    session = create_session(model, plan_for(variant), intra_op_threads=threads)
-    task = get_task(manifest.task)
-    payloads = task.probe_prepare(manifest.task_settings, files)(list(texts))
-    run = task.backend(session, manifest.task_settings, manifest.output_width).run
+    engine = open_engine(manifest, create_session(model, plan_for(variant), intra_op_threads=threads), files)
+    payloads = engine.probe_payloads(list(inputs))
+    name = _vectors(manifest)
     size = 1 if variant.precision == "int8" else BATCH
-    order = np.argsort([len(p) for p in payloads], kind="stable")  # little padding in each batch
     rows = np.zeros((len(payloads), _width(manifest)), dtype=np.float32)
-    for start in range(0, len(order), size):
-        chosen = order[start : start + size]
-        rows[chosen] = np.asarray(run([payloads[i] for i in chosen]), dtype=np.float32)
-    log.info("diff: %s %s: %d texts in %.1f s", manifest.name, variant.id, len(texts), time.perf_counter() - started)
+    for group in _batches(payloads, size):  # little padding in each batch
+        rows[group] = stack(engine.run([payloads[i] for i in group]), name)
+    log.info("diff: %s %s: %d inputs in %.1f s", manifest.name, variant.id, len(inputs), time.perf_counter() - started)
     cache[key] = rows
     return rows
+
+
+def _batches(payloads: Sequence[Any], size: int) -> list[list[int]]:
+    """Indices in batches of at most `size`, sorted by length so each batch pads little; payloads
+    of several axes (images) share a batch only with payloads of their own shape."""
+
+    def key(i: int) -> tuple[tuple[int, ...], int]:
+        array = getattr(payloads[i], "ids", payloads[i])  # a TokenPair's ids
+        shape = tuple(np.shape(array))
+        return (shape if len(shape) > 1 else (), len(array))
+
+    groups: list[list[int]] = []
+    for i in sorted(range(len(payloads)), key=key):
+        if groups and len(groups[-1]) < size and key(groups[-1][0])[0] == key(i)[0]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def read_texts(path: Path) -> tuple[str, ...]:
@@ -480,18 +517,14 @@ def read_texts(path: Path) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def _unique(texts: Sequence[str]) -> list[str]:
-    """Non-blank texts, each once, in order."""
-    return list(dict.fromkeys(t for t in texts if t.strip()))
+def _unique(inputs: Sequence[Any]) -> list[Any]:
+    """Inputs each once, in order; texts non-blank."""
+    return list(dict.fromkeys(x for x in inputs if not isinstance(x, str) or x.strip()))
 
 
-def _shipped_queries() -> tuple[str, ...]:
-    from ortpack.components.core.validation_data import retrieval_queries
+def _retrieval_set(task: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The task family's default retrieval set (queries, documents)."""
+    from ortpack.components.core.tasks import get_family
 
-    return retrieval_queries()
-
-
-def _shipped_documents() -> tuple[str, ...]:
-    from ortpack.components.core.validation_data import validation_sentences
-
-    return validation_sentences()
+    shipped = get_family(task).retrieval_set
+    return shipped() if shipped is not None else ((), ())

@@ -1,4 +1,4 @@
-"""The library's error types.
+"""The build side's error types (the base and the one-line wording are the kernel's).
 
 User and data problems subclass `ValueError`; problems with this machine or environment subclass
 `RuntimeError`. The CLI prints `str(error)` on one line and exits non-zero; nothing here should
@@ -7,12 +7,11 @@ need a traceback to be understood.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
-
-
-class OrtpackError(Exception):
-    """Base class of every error the library raises on purpose."""
+# the kernel's base and wording, used on this side too
+from ortpack.kernel.errors import OrtpackError
+from ortpack.kernel.errors import and_list as and_list
+from ortpack.kernel.errors import did_you_mean as did_you_mean
+from ortpack.kernel.errors import one_line as one_line
 
 
 class InvalidSpecError(OrtpackError, ValueError):
@@ -37,29 +36,6 @@ class NoVariantPassedError(ParityError):
 
 class UnsupportedHereError(OrtpackError, RuntimeError):
     """The requested target or precision cannot be built or run in this environment."""
-
-
-def one_line(exc: BaseException | str, limit: int | None = None) -> str:
-    """`exc`'s message on one line (whitespace collapsed), at most `limit` characters; an exception
-    without a message gives its type name. Every error this project prints goes through here."""
-    text = " ".join(str(exc).split())
-    if not text and isinstance(exc, BaseException):
-        text = type(exc).__name__
-    return text if limit is None or len(text) <= limit else text[: max(limit - 3, 0)] + "..."
-
-
-def did_you_mean(value: str, known: Iterable[str]) -> str:
-    """`"; did you mean 'NAME'?"` for the known name `value` is closest to, ignoring case (a wrong
-    case, a typo), else "": the end of an "unknown X" message."""
-    names = {name.lower(): name for name in known}
-    key = value.strip().lower()
-    close = [key] if key in names else difflib.get_close_matches(key, list(names), n=1, cutoff=0.7)
-    return f"; did you mean {names[close[0]]!r}?" if close else ""
-
-
-def and_list(names: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 class SourceError(ModelLoadError):

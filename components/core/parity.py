@@ -12,9 +12,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.artifacts import ParityReport, load_arrays
+from ortpack.components.core.artifacts import ExportResult, ParityReport, load_arrays
 from ortpack.components.core.errors import one_line
 from ortpack.components.core.specs import ParityThresholds
+from ortpack.kernel.engine import Engine
 from ortpack.kernel.runtime import SessionPlan, create_session
 
 log = logging.getLogger("ortpack.validate")
@@ -30,9 +31,9 @@ def check_parity(
 ) -> ParityReport:
     """Compare the variant at `model_path` with the PyTorch reference; return every number.
 
-    The task family (from the reference) checks the graph's signature and compares its outputs;
-    this gates them. Never raises on a miss: call `raise_if_failed()` on the report after
-    logging it.
+    The graph's tensors are checked against the task's declaration (its contract's signature), the
+    task family (from the reference) compares its outputs; this gates them. Never raises on a
+    miss: call `raise_if_failed()` on the report after logging it.
     """
     from ortpack.components.core.tasks import get_family
 
@@ -40,6 +41,7 @@ def check_parity(
     ref = load_arrays(reference_path)
     task = str(ref["task"])
     family = get_family(task)
+    signature = ExportResult.load(reference_path.parent).signature()
 
     def report(values: dict[str, float], misses: list[str], validated_on: str, samples: int, **kw: Any) -> ParityReport:
         return ParityReport(
@@ -61,7 +63,7 @@ def check_parity(
     except Exception as exc:  # noqa: BLE001 - a graph ORT cannot load is a miss, not a crash
         return report({}, [f"ONNX Runtime cannot load the model: {one_line(exc, 300)}"], "none", 0)
     validated_on = session.get_providers()[0]
-    misses = family.check_signature(session)
+    misses = signature.check_graph(session.get_inputs(), session.get_outputs())
     if misses:
         return report({}, misses, validated_on, 0)
     log.info("validate %s: %s on %s", variant_id, family.report.unit, validated_on)
@@ -80,32 +82,47 @@ def check_parity(
     return result
 
 
+def export_engine(export: ExportResult, export_dir: Path, session: Any) -> Engine:
+    """The task's engine for a variant of this export, as a serving node opens it: the export's
+    section, tensors and shared files (the tokenizer), the default limits, the bundle's default
+    image decode (no variant yet: its parity is what is being measured)."""
+    from ortpack.kernel.engine import EngineContext
+    from ortpack.kernel.engines import get_engine
+
+    files = {name: (Path(export_dir) / name).read_bytes() for name in export.extra_files}
+    signature = export.signature()
+    context = EngineContext(
+        settings=export.settings(), signature=signature, sizes=export.sizes(), session=session, files=files
+    )
+    return get_engine(export.task).open(context)
+
+
 def probe_on_this_machine(
-    export: Any, export_dir: Path, model_path: Path, plan: SessionPlan, thresholds: ParityThresholds, variant_id: str
+    export: ExportResult,
+    export_dir: Path,
+    model_path: Path,
+    plan: SessionPlan,
+    thresholds: ParityThresholds,
+    variant_id: str,
 ) -> dict[str, Any]:
-    """The bundle's probe check (ortpack.kernel.probe) on this machine, run exactly as a serving node
-    runs it: a serving session (one thread, no spinning), the task's serving-side preparation
-    (the shipped tokenizer, the server's image decoder) and backend, batch 1. Empty when the
-    export has no probe set."""
+    """The bundle's probe check (ortpack.kernel.probe) on this machine, run exactly as a serving
+    node runs it: a serving session (one thread, no spinning) and the task's engine (the shipped
+    tokenizer, the server's image decoder), batch 1. Empty when the export has no probe set."""
+    from ortpack.kernel.engines import get_engine
     from ortpack.kernel.hardware import this_machine
     from ortpack.kernel.probe import PROBE_FILE, Probe, check_probe
-    from ortpack.serving.tasks import get_task
 
     export_dir = Path(export_dir)
     probe_path = export_dir / PROBE_FILE
     if not probe_path.is_file():
         return {}
-    task = get_task(export.task)
-    settings = export.settings()
-    width = int(export.outputs[0]["shape"][-1])
-    files = {name: (export_dir / name).read_bytes() for name in export.extra_files}
     session = create_session(model_path, plan, intra_op_threads=1, allow_spinning=False)
+    names = [o.name for o in export.signature().outputs]
     result = check_probe(
-        Probe.from_bytes(probe_path.read_bytes()),
-        task.probe_prepare(settings, files),
-        task.backend(session, settings, width).run,
+        Probe.from_bytes(probe_path.read_bytes(), names),
+        export_engine(export, export_dir, session),
         thresholds.as_dict(),
-        task.probe_metrics,
+        get_engine(export.task).probe_metrics,
         gates=thresholds.gates,
         variant_id=variant_id,
         provider=session.get_providers()[0],
@@ -132,7 +149,7 @@ def validate_variant(
     `allow_off_target`; the report then says so."""
     import dataclasses
 
-    from ortpack.components.core.artifacts import ExportResult, OptimizeResult
+    from ortpack.components.core.artifacts import OptimizeResult
     from ortpack.components.core.specs import get_target
     from ortpack.kernel.hardware import this_machine
     from ortpack.kernel.runtime import plan_for

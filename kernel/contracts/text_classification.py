@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ortpack.kernel.contracts.base import Strict, TaskContract, TextOptions, TextSettings
+from ortpack.kernel.contracts.base import TEXT_REQUEST, TOKEN_INPUTS, Strict, TaskContract, TextOptions, TextSettings
+from ortpack.kernel.contracts.tensors import BATCH, Signature, Tensor
 from ortpack.kernel.gates import ceiling, floor, gate_table
 
 
@@ -23,10 +24,25 @@ class TextClassificationSettings(TextSettings):
     labels: list[str] | None = None
 
 
+def signature(settings: TextClassificationSettings) -> Signature:
+    """A classifier answers `probabilities` per label; a cross-encoder answers one relevance score
+    per (query, document) row, sent as two strings a row."""
+    if settings.classification.pairs:
+        return Signature(
+            inputs=TOKEN_INPUTS,
+            outputs=(Tensor("scores", "float32", (BATCH, 1)),),
+            request=(Tensor("text", "string", (BATCH, 2)),),
+        )
+    return Signature(
+        inputs=TOKEN_INPUTS, outputs=(Tensor("probabilities", "float32", (BATCH, "labels")),), request=TEXT_REQUEST
+    )
+
+
 CONTRACT = TaskContract(
     name="text-classification",
     options=TextOptions,
     settings=TextClassificationSettings,
+    signature=signature,
     gates=gate_table(
         ceiling("max_abs_diff"),
         ceiling("mean_abs_diff"),
@@ -35,5 +51,6 @@ CONTRACT = TaskContract(
         floor("decisive_top1_agreement"),
         floor("rank_agreement"),
     ),
+    engine="ortpack.kernel.engines.text_classification",
     plugin="ortpack.serving.tasks.text_classification",
 )

@@ -9,7 +9,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from ortpack.kernel.contracts.base import TaskContract, TextOptions, TextSettings
+from ortpack.kernel.contracts.base import TEXT_REQUEST, TOKEN_INPUTS, TaskContract, TextOptions, TextSettings, fixed
+from ortpack.kernel.contracts.tensors import BATCH, Signature, Tensor
 from ortpack.kernel.gates import ceiling, decisive_rows, floor, gate_table
 
 
@@ -29,16 +30,27 @@ class TokenClassificationSettings(TextSettings):
     aggregation: Literal["first", "none"] = "first"
 
 
+# Per-token probabilities; a served item's rows run to the bundle's max length, PAD past its tokens
+OUTPUT = "probabilities"
+
 CONTRACT = TaskContract(
     name="token-classification",
     options=TokenOptions,
     settings=TokenClassificationSettings,
+    signature=fixed(
+        Signature(
+            inputs=TOKEN_INPUTS,
+            outputs=(Tensor(OUTPUT, "float32", (BATCH, "sequence", "labels")),),
+            request=TEXT_REQUEST,
+        )
+    ),
     gates=gate_table(
         ceiling("max_abs_diff"),
         ceiling("mean_abs_diff"),
         floor("token_agreement"),
         floor("decisive_token_agreement"),
     ),
+    engine="ortpack.kernel.engines.token_classification",
     plugin="ortpack.serving.tasks.token_classification",
 )
 

@@ -79,8 +79,8 @@ def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, 
         given = "--require-compatible" if args.require_compatible else "--compatibility-budget"
         raise InvalidSpecError(f"{given} applies only with --baseline-bundle")
     if baseline and local and "://" not in baseline:
-        from ortpack.components.core.tasks import get_family
         from ortpack.kernel.bundle import MANIFEST_NAME, read_manifest
+        from ortpack.kernel.contracts import get_contract, space_tasks
 
         path = Path(baseline).expanduser()
         path = path.parent if path.name == MANIFEST_NAME else path
@@ -88,10 +88,10 @@ def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, 
             raise InvalidSpecError(f"--baseline-bundle: no bundle at {baseline}")
         if path.is_dir():
             manifest = read_manifest(path)
-            if not get_family(manifest.task).embedding_space:
+            if get_contract(manifest.task).space is None:
                 raise InvalidSpecError(
-                    f"--baseline-bundle: {baseline} is a {manifest.task} bundle; only text-embedding bundles "
-                    "are compared (as `ortpack bundle diff` does)"
+                    f"--baseline-bundle: {baseline} is a {manifest.task} bundle; only embedding bundles "
+                    f"({', '.join(space_tasks())}) are compared (as `ortpack bundle diff` does)"
                 )
         baseline = str(path.resolve())  # steps may run in another directory
     budget = args.compatibility_budget
@@ -116,12 +116,13 @@ def _validate_baseline(arguments: dict[str, Any]) -> None:
         if arguments.get("require_compatible"):
             raise InvalidSpecError("require_compatible needs a baseline bundle (--baseline-bundle URI)")
         return
-    from ortpack.components.core.tasks import get_family
+    from ortpack.kernel.contracts import get_contract, space_tasks
 
     task = str(arguments.get("task"))
-    if not get_family(task).embedding_space:
+    if get_contract(task).space is None:
         raise InvalidSpecError(
-            f"--baseline-bundle compares text-embedding bundles (as `ortpack bundle diff` does); this run "
+            f"--baseline-bundle compares embedding bundles ({', '.join(space_tasks())}), as `ortpack bundle diff` "
+            "does; this run "
             f"packages a {task} model"
         )
     budget = arguments.get("compatibility_budget")

@@ -1,8 +1,13 @@
 """The Open Inference Protocol v2 REST surface (KServe): server metadata, health, model metadata
-and readiness, and inference on the task's one input tensor, its data as JSON or as raw bytes
-after the JSON (the binary tensor data extension, serving/binary_tensors.py), and the output
-likewise. The task says what its tensor is (`v2_inputs`) and how it becomes model payloads
-(`v2_payloads`)."""
+and readiness, and inference, with its tensors' data as JSON or as raw bytes after the JSON (the
+binary tensor data extension, serving/binary_tensors.py).
+
+The tensors are the task's declaration (its contract's signature, kernel/contracts/tensors.py):
+a request carries each declared input by name (the plugin turns them into its engine's payloads:
+`v2_payloads`), and the answer holds every declared output, or those the request names. An output
+with one row per item stacks the items' rows ([n, ...]); an output whose count varies per item (a
+detector's boxes) holds every item's rows end to end, and an output marked as the item index
+(a detection's image) numbers them by their item in the request."""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ortpack import __version__
+from ortpack.kernel.contracts.tensors import Tensor
+from ortpack.kernel.engine import Item
 from ortpack.serving.binary_tensors import (
     EXTENSION,
     HEADER_LENGTH,
     attach_binary_inputs,
-    encode_rows,
+    encode_array,
     header_length,
     wants_binary,
 )
@@ -64,17 +71,18 @@ async def model_ready(request: Request) -> Response:
 
 def model_metadata(request: Request) -> dict[str, Any]:
     service = model_service(request)
-    runtime = service.runtime
+    manifest = service.manifest
+    signature, sizes = manifest.signature, manifest.sizes
     space = service.space
     return {
         "name": service.model_name,
-        "versions": [service.manifest.version],
+        "versions": [manifest.version],
         "platform": "onnxruntime_onnx",
-        "inputs": runtime.v2_inputs(),
-        "outputs": runtime.v2_outputs(),
+        "inputs": [t.v2(sizes) for t in signature.served_inputs],
+        "outputs": [t.v2(sizes) for t in signature.outputs],
         "parameters": {
             "variant": service.variant.id,
-            "task": service.manifest.task,
+            "task": manifest.task,
             "node_check": service.node_check.as_dict() | {"variant": service.variant.id}
             if service.node_check
             else None,
@@ -90,32 +98,61 @@ async def model_meta(request: Request) -> Response:
     return json_response(model_metadata(request))
 
 
-def _single_input(body: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
-    """The request's one input tensor, checked for its name and datatype."""
-    name, datatype = expected["name"], expected["datatype"]
+def _inputs(body: dict[str, Any], declared: tuple[Tensor, ...]) -> dict[str, dict[str, Any]]:
+    """The request's input tensors by name: each one the task declares, once, with its datatype;
+    every declared input that is not optional present."""
     inputs = body.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InvalidRequestError(
-            f"inputs must be a list holding one tensor: {{'name': '{name}', 'datatype': '{datatype}', ...}}"
-        )
-    tensor: dict[str, Any] = inputs[0]
-    if tensor.get("name") != name:
-        raise InvalidRequestError(f"unknown input {tensor.get('name')!r}; this model takes '{name}'")
-    if tensor.get("datatype") != datatype:
-        raise InvalidRequestError(f"input '{name}' must have datatype {datatype}, got {tensor.get('datatype')!r}")
-    return tensor
+    expected = ", ".join(f"{{'name': '{t.name}', 'datatype': '{t.datatype}', ...}}" for t in declared)
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(x, dict) for x in inputs):
+        raise InvalidRequestError(f"inputs must be a list of tensors: {expected}")
+    known = {t.name: t for t in declared}
+    found: dict[str, dict[str, Any]] = {}
+    for tensor in inputs:
+        name = tensor.get("name")
+        if name not in known:
+            raise InvalidRequestError(f"unknown input {name!r}; this model takes {', '.join(repr(n) for n in known)}")
+        if name in found:
+            raise InvalidRequestError(f"input {name!r} is given twice")
+        if tensor.get("datatype") != known[name].datatype:
+            raise InvalidRequestError(
+                f"input '{name}' must have datatype {known[name].datatype}, got {tensor.get('datatype')!r}"
+            )
+        found[name] = tensor
+    missing = [t.name for t in declared if t.name not in found and not t.optional]
+    if missing:
+        raise InvalidRequestError(f"missing input {', '.join(repr(m) for m in missing)}: send {expected}")
+    return found
 
 
-def _check_outputs(body: dict[str, Any], output_name: str) -> None:
-    """`outputs`, when given, is a list of {"name": ...} naming the model's one output."""
+def _outputs(body: dict[str, Any], declared: tuple[Tensor, ...]) -> list[Tensor]:
+    """The outputs the answer holds: those `outputs` names ({"name": ...} objects), else all."""
     outputs = body.get("outputs")
     if outputs is None:
-        return
+        return list(declared)
     if not isinstance(outputs, list):
         raise InvalidRequestError(f"outputs must be a list of {{'name': ...}} objects, got {outputs!r}")
+    known = {t.name: t for t in declared}
+    chosen: dict[str, Tensor] = {}
     for output in outputs:
-        if not isinstance(output, dict) or output.get("name") != output_name:
-            raise InvalidRequestError(f"unknown output {output!r}; this model has {output_name!r}")
+        name = output.get("name") if isinstance(output, dict) else None
+        if name not in known:
+            names = ", ".join(repr(n) for n in known)
+            raise InvalidRequestError(f"unknown output {output!r}; this model has {names}")
+        chosen[name] = known[name]
+    return list(chosen.values()) or list(declared)
+
+
+def output_array(tensor: Tensor, items: list[Item]) -> np.ndarray:
+    """One declared output over a request's items: their rows stacked (one row per item), or their
+    own rows end to end (a varying count per item), item indices renumbered for this request."""
+    if tensor.per_item:
+        return np.stack([item[tensor.name] for item in items])
+    if tensor.item_index:
+        parts = [np.full(len(item[tensor.name]), i, dtype=tensor.dtype) for i, item in enumerate(items)]
+    else:
+        parts = [np.asarray(item[tensor.name], dtype=tensor.dtype) for item in items]
+    width = tuple(d if isinstance(d, int) else 0 for d in tensor.shape[1:])
+    return np.concatenate(parts) if parts else np.zeros((0, *width), dtype=tensor.dtype)
 
 
 async def read_infer_request(request: Request) -> tuple[dict[str, Any], memoryview | None]:
@@ -135,32 +172,39 @@ async def read_infer_request(request: Request) -> tuple[dict[str, Any], memoryvi
 async def infer(request: Request) -> Response:
     check_model(request)
     service = model_service(request)
-    runtime = service.runtime
+    signature = service.manifest.signature
     body, binary = await read_infer_request(request)
     if "id" in body and not isinstance(body["id"], str):
         raise InvalidRequestError(f"id must be a string, got {body['id']!r}")
-    tensor = _single_input(body, runtime.v2_inputs()[0])
+    tensors = _inputs(body, signature.served_inputs)
     attach_binary_inputs(body["inputs"], binary)
-    _check_outputs(body, runtime.output_name)
+    wanted = _outputs(body, signature.outputs)
     binary_output = wants_binary(body)
-    payloads, buckets = await runtime.v2_payloads(tensor)
-    rows: np.ndarray = await service.infer(payloads, buckets)
-    output: dict[str, Any] = {"name": runtime.output_name, "datatype": "FP32", "shape": list(rows.shape)}
+    payloads, buckets = await service.runtime.v2_payloads(tensors)
+    items = await service.infer(payloads, buckets)
+    arrays = [(tensor, output_array(tensor, items)) for tensor in wanted]
+    outputs: list[dict[str, Any]] = [
+        {"name": tensor.name, "datatype": tensor.datatype, "shape": list(array.shape)} for tensor, array in arrays
+    ]
     answer: dict[str, Any] = {
         "model_name": service.model_name,
         "model_version": service.manifest.version,
-        "outputs": [output],
+        "outputs": outputs,
     }
     if "id" in body:
         answer["id"] = body["id"]
     if not binary_output:
-        output["data"] = rows.reshape(-1)
+        for output, (_, array) in zip(outputs, arrays, strict=True):
+            output["data"] = array.reshape(-1)
         return json_response(answer, headers=space_headers(request))
     with stage("serialize"):
-        data = encode_rows(rows)
-        output["parameters"] = {"binary_data_size": len(data)}
+        chunks = []
+        for output, (tensor, array) in zip(outputs, arrays, strict=True):
+            data = encode_array(array, tensor.datatype)
+            output["parameters"] = {"binary_data_size": len(data)}
+            chunks.append(data)
         header = json_bytes(answer)
-        content = header + data
+        content = b"".join([header, *chunks])
     headers = (space_headers(request) or {}) | {HEADER_LENGTH: str(len(header))}
     return Response(content, 200, headers, "application/octet-stream")
 
@@ -204,7 +248,7 @@ _INFER = RouteSpec(
     path="/v2/models/{name}/infer",
     method="POST",
     handler=infer,
-    summary="Infer (Open Inference Protocol v2): the model's one input tensor",
+    summary="Infer (Open Inference Protocol v2): the task's named input tensors",
     operation_id="modelInfer",
     request_schema="InferRequest",
     # the binary tensor data extension: Inference-Header-Content-Length bytes of JSON, then tensor bytes
@@ -246,23 +290,25 @@ ROUTES = [
 _EXAMPLE_TEXTS = ["What is ONNX?", "ONNX is an open format for machine learning models."]
 
 
-def infer_example(tensor: dict[str, Any]) -> dict[str, Any]:
-    """An inference request that works for the task's input tensor (`TaskRuntime.v2_inputs()[0]`):
-    one item, every other free dimension 2 (a 2x2 image), texts for BYTES and small integers
-    otherwise."""
-    shape = [1] + [2 if d < 0 else int(d) for d in tensor["shape"][1:]]
-    count = int(np.prod(shape))
-    data: list[Any] = (
-        [_EXAMPLE_TEXTS[i % 2] for i in range(count)]
-        if tensor["datatype"] == "BYTES"
-        else [(i * 40) % 256 for i in range(count)]
-    )
-    return {"inputs": [{"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"], "data": data}]}
+def infer_example(tensors: list[dict[str, Any]]) -> dict[str, Any]:
+    """An inference request that works for the task's input tensors (their v2 metadata): one item,
+    every other free dimension 2 (a 2x2 image), texts for BYTES and small integers otherwise."""
+    inputs = []
+    for tensor in tensors:
+        shape = [1] + [2 if d < 0 else int(d) for d in tensor["shape"][1:]]
+        count = int(np.prod(shape))
+        data: list[Any] = (
+            [_EXAMPLE_TEXTS[i % 2] for i in range(count)]
+            if tensor["datatype"] == "BYTES"
+            else [(i * 40) % 256 for i in range(count)]
+        )
+        inputs.append({"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"], "data": data})
+    return {"inputs": inputs}
 
 
-def routes_for(tensor: dict[str, Any]) -> list[RouteSpec]:
-    """`ROUTES`, the inference routes with an example request for this input tensor."""
-    example = infer_example(tensor)
+def routes_for(tensors: list[dict[str, Any]]) -> list[RouteSpec]:
+    """`ROUTES`, the inference routes with an example request for these input tensors."""
+    example = infer_example(tensors)
     return [dataclasses.replace(r, request_example=example) if r.request_schema else r for r in ROUTES]
 
 

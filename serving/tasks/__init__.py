@@ -1,5 +1,5 @@
 """Serving-side task plugins: one module per task contributes its routes, request/response
-schemas, backend, warm-up shapes, probe check and Open Inference Protocol tensors.
+schemas and how Open Inference Protocol tensors become its engine's payloads.
 
 A task module defines a `ServingTask` named `TASK` (the contract: serving/tasks/contract.py); its
 task contract (kernel/contracts/<task>.py) names the module, so the registry of tasks is the
@@ -13,9 +13,9 @@ from __future__ import annotations
 from importlib import import_module
 
 from ortpack.kernel.contracts import UnknownTaskError, contract_names, get_contract
-from ortpack.serving.tasks.contract import LoadContext, Prepare, ServingTask, TaskRuntime
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, TaskRuntime
 
-__all__ = ["LoadContext", "Prepare", "ServingTask", "TaskRuntime", "get_task", "task_names"]
+__all__ = ["LoadContext", "ServingTask", "TaskRuntime", "get_task", "task_names"]
 
 
 def get_task(name: str) -> ServingTask:

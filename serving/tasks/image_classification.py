@@ -3,8 +3,9 @@
 `[n, height, width, 3]`) and one output `probabilities` (FP32, `[n, classes]`).
 
 Images are decoded off the event loop on a pool of decode threads (one per model worker; Pillow
-releases the GIL), with the decode mode the bundle's parity gate validated for the served
-variant (kernel/images.py); the graph resizes, crops and normalises. Images of one size share a
+releases the GIL) by the engine's decoder, in the decode mode the bundle's parity gate validated
+for the served variant (kernel/images.py, kernel/engines/images.py); the graph resizes, crops and
+normalises. Images of one size share a
 batch (the bucket is the size), and a batch also stops at --max-batch-pixels. The JSON request
 and the answers are the pydantic models below: the same models parse requests and write the
 OpenAPI schemas.
@@ -13,8 +14,6 @@ OpenAPI schemas.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -23,22 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ortpack.kernel.contracts.image_classification import ImageClassificationSettings
-from ortpack.kernel.gates import probability_metrics
-from ortpack.kernel.images import (
-    DECODE_MODES,
-    ImageDecoder,
-    decode_base64,
-    decode_settings,
-    reduced_decode_evidence,
-    top_k,
-)
+from ortpack.kernel.contracts.image_classification import IMAGES, OUTPUT, ImageClassificationSettings
+from ortpack.kernel.images import decode_base64
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 from ortpack.serving.http import RouteSpec, config_of, json_response, read_body, service_of
-from ortpack.serving.tasks.contract import LoadContext, Prepare, ServingTask
-
-log = logging.getLogger("ortpack.serve")
+from ortpack.serving.tasks.contract import LoadContext, ServingTask
 
 # ---------------------------------------------------------------- request and answer
 
@@ -85,86 +74,37 @@ class Classification(BaseModel):
     data: list[ImagePredictions] | None = None
 
 
-def choose_decoder(manifest: Any, variant: Any, requested: str, max_pixels: int) -> tuple[ImageDecoder, str]:
-    """The decoder to serve with and why. "exact" always (the reference's own decode); "reduced"
-    only when the variant's parity record validates the bundle's reduced decode (else one-line
-    ValueError: the server refuses to start); "auto" the bundle's default when validated, else
-    exact."""
-    if requested not in ("auto", *DECODE_MODES):
-        raise ValueError(f"unknown decode mode {requested!r} (auto, {', '.join(DECODE_MODES)})")
-    default, side = decode_settings(manifest.task_settings.preprocessing)
-    if requested == "exact" or (requested == "auto" and default == "exact"):
-        return ImageDecoder(max_pixels), "exact"
-    if default != "reduced":
-        raise ValueError(f"bundle {manifest.name} has no validated reduced decoding (its parity gate chose exact)")
-    misses = reduced_decode_evidence(variant.parity.values, variant.parity.thresholds, side)
-    if not misses:
-        return ImageDecoder(max_pixels, reduce_to=side), f"reduced (JPEGs kept >= {side} px), validated by the gate"
-    reason = f"variant {variant.id}'s parity gate does not validate reduced decoding: {'; '.join(misses)}"
-    if requested == "reduced":
-        raise ValueError(reason)
-    log.warning("%s; decoding exactly", reason)
-    return ImageDecoder(max_pixels), "exact (reduced not validated for this variant)"
+def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[dict[str, object]]:
+    k = min(k, len(probabilities))
+    best = np.argpartition(-probabilities, k - 1)[:k]
+    best = best[np.argsort(-probabilities[best])]
+    return [
+        {"label": labels[i] if i < len(labels) else str(i), "index": int(i), "probability": float(probabilities[i])}
+        for i in best
+    ]
 
 
 class ImageClassificationRuntime:
-    output_name = "probabilities"
-
     def __init__(self, ctx: LoadContext) -> None:
         manifest, config = ctx.manifest, ctx.config
         settings = manifest.task_settings
         if not isinstance(settings, ImageClassificationSettings):
             raise ValueError(f"not an image-classification bundle: {manifest.task}")
-        try:
-            self.decoder, self.decode = choose_decoder(manifest, ctx.variant, config.decode, config.max_image_pixels)
-        except RuntimeError as exc:  # Pillow (the image extra) is missing
-            raise ValueError(str(exc)) from None
+        self.decoder = ctx.engine.decoder  # type: ignore[attr-defined]  # an ImageEngine's
         # decoding runs here, off the event loop: one thread per model worker (the cores), so
         # decoding never oversubscribes the CPU however many requests arrive at once
         self.decode_pool = ThreadPoolExecutor(max_workers=config.worker_count, thread_name_prefix="ortpack-decode")
-        self.output_dim = int(manifest.outputs[0].shape[-1])
+        self.output_dim = manifest.sizes["classes"]
         self.labels = settings.labels or [str(i) for i in range(self.output_dim)]
-        self.crop = settings.preprocessing.crop_size
         self.max_items = config.max_items
         self.max_image_pixels = config.max_image_pixels
-        self.max_batch_pixels = config.max_batch_pixels
-        self.backend = _backend(ctx.session, settings, manifest.output_width)
-        self.batching = (
-            f"images decoded {self.decode}, batched by size, at most {config.max_batch_pixels / 1e6:g} MP per batch"
-        )
 
     async def decode_off_loop(self, work: Any, *args: Any) -> Any:
         """`work(*args)` on a decode thread."""
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work, *args)
 
-    def item_cost(self) -> tuple[Any, float]:
-        return (lambda p: p.shape[0] * p.shape[1]), float(self.max_batch_pixels)
-
-    def item_tokens(self) -> None:
-        return None
-
-    def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
-        """The crop size, VGA both ways and 1080p at batch 1, and a batch of 8 VGA images."""
-
-        def image(height: int, width: int) -> np.ndarray:
-            return np.full((height, width, 3), 128, dtype=np.uint8)
-
-        shapes = [(1, self.crop, self.crop), (1, 480, 640), (1, 640, 480), (1, 1080, 1920)]
-        shapes.append((min(8, max_batch_size), 480, 640))
-        batches = [[image(h, w)] * n for n, h, w in shapes]
-        return sorted(batches, key=lambda batch: -len(batch) * batch[0].size)
-
-    def probe_prepare(self) -> Prepare:
-        decoder = self.decoder
-        return lambda files: [decoder.decode(f, "probe image") for f in files]
-
-    def v2_outputs(self) -> list[dict[str, Any]]:
-        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, self.output_dim]}]
-
-    def v2_inputs(self) -> list[dict[str, Any]]:
-        return [{"name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, 3]}]
-
-    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+        tensor = tensors[IMAGES.name]
         shape = tensor.get("shape")
         if (
             not isinstance(shape, list)
@@ -236,8 +176,8 @@ class ImageClassificationRuntime:
         return "image classification: /v1/classify and the Open Inference Protocol v2"
 
     async def classify(self, request: Request, pixels: list[np.ndarray], k: int) -> list[list[dict[str, object]]]:
-        rows = await service_of(request).infer(pixels, [p.shape[:2] for p in pixels])
-        return [top_k(row, self.labels, k) for row in rows]
+        items = await service_of(request).infer(pixels, [p.shape[:2] for p in pixels])
+        return [top_k(item[OUTPUT], self.labels, k) for item in items]
 
 
 def _runtime(request: Request) -> ImageClassificationRuntime:
@@ -281,45 +221,8 @@ async def classify_json(request: Request) -> Response:
     return json_response({"model": model, "data": [{"index": i, "predictions": p} for i, p in enumerate(results)]})
 
 
-class ImageBackend:
-    """uint8 `[H, W, 3]` images of one size in, `probabilities` rows out (the whole graph: resizing,
-    cropping and normalising happen inside it). A batch of one goes in as a view of its image, not
-    a stacked copy (a 1280x960 photo is 3.7 MB)."""
-
-    def __init__(self, session: Any, classes: int) -> None:
-        self.session = session
-        self.output_dim = classes
-
-    def run(self, payloads: Sequence[np.ndarray]) -> np.ndarray:
-        images = np.ascontiguousarray(payloads[0])[None] if len(payloads) == 1 else np.stack(payloads)
-        return self.session.run(None, {"images": images})[0]
-
-
-def _backend(session: Any, settings: ImageClassificationSettings, width: int) -> ImageBackend:
-    return ImageBackend(session, width)
-
-
-def _probe_prepare(settings: ImageClassificationSettings, files: dict[str, bytes]) -> Prepare:
-    """Probe files decoded by the server's decoder in the bundle's default decode mode (the
-    validate step's check on the build machine)."""
-    preprocessing = settings.preprocessing
-    side = preprocessing.decode_min_side if preprocessing.decode == "reduced" else 0
-    decoder = ImageDecoder(max_pixels=1 << 40, reduce_to=side)
-
-    def prepare(images: Sequence[Any]) -> list[Any]:
-        return [decoder.decode(bytes(f), "probe image") for f in images]
-
-    return prepare
-
-
 # An 8x8 PNG, base64: the example request of /v1/classify/json (any JPEG, PNG or WebP works).
 EXAMPLE_PNG = (
     "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAGUlEQVR42mNkYGhQYGDARCwMCgxYweCUAABobwJednxjlwAAAABJRU5ErkJggg=="
 )
-TASK = ServingTask(
-    name="image-classification",
-    open=ImageClassificationRuntime,
-    probe_prepare=_probe_prepare,
-    backend=_backend,
-    probe_metrics=lambda reference, candidate, _inputs: probability_metrics(reference, candidate),
-)
+TASK = ServingTask(name="image-classification", open=ImageClassificationRuntime)

@@ -15,7 +15,6 @@ write the OpenAPI schemas.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -23,14 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ortpack.kernel.backend import TextClassifierBackend
 from ortpack.kernel.contracts.text_classification import TextClassificationSettings
-from ortpack.kernel.gates import probability_metrics, rank_agreement
+from ortpack.kernel.engine import stack
+from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
 from ortpack.serving.tasks.contract import LoadContext, ServingTask
-from ortpack.serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
+from ortpack.serving.text import Texts, encode_pairs, encode_texts, v2_texts
 
 # ---------------------------------------------------------------- requests and answers
 
@@ -108,37 +107,31 @@ class RerankResponse(BaseModel):
 # ---------------------------------------------------------------- the runtime
 
 
-class TextClassificationRuntime(TokenizedRuntime):
+class TextClassificationRuntime:
     def __init__(self, ctx: LoadContext) -> None:
-        manifest, config = ctx.manifest, ctx.config
-        settings = manifest.task_settings
+        settings = ctx.manifest.task_settings
         if not isinstance(settings, TextClassificationSettings):
-            raise ValueError(f"not a text-classification bundle: {manifest.task}")
-        tokenizer, classification = settings.tokenizer, settings.classification
-        self.pairs = classification.pairs
-        self.max_items = config.max_items
-        self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
-        self.output_name = manifest.outputs[0].name
-        self.output_dim = int(manifest.outputs[0].shape[-1])
+            raise ValueError(f"not a text-classification bundle: {ctx.manifest.task}")
+        self.pairs = settings.classification.pairs
+        self.max_items = ctx.config.max_items
+        self.encoder = ctx.engine.encoder  # type: ignore[attr-defined]  # a TokenEngine's
+        self.output_name = ctx.manifest.signature.outputs[0].name
+        self.output_dim = 1 if self.pairs else ctx.manifest.sizes["labels"]
         self.labels = settings.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
-        self.backend = _backend(ctx.session, settings, manifest.output_width)
-        self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = probe_prepare(settings, ctx.files)
 
     async def encode(self, texts: list[str], where: str, pairs_with: str | None = None) -> Encoded:
         if len(texts) > self.max_items:
             raise PayloadTooLargeError(f"{where} has {len(texts)} items; the limit is {self.max_items}")
         if pairs_with is not None:
-            return await self.encoder.encode_pairs_async([(pairs_with, t) for t in texts])
-        return await self.encoder.encode_async(texts)
+            return await encode_pairs(self.encoder, [(pairs_with, t) for t in texts])
+        return await encode_texts(self.encoder, texts)
 
-    def v2_outputs(self) -> list[dict[str, Any]]:
-        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, self.output_dim]}]
+    async def infer(self, request: Request, encoded: Encoded) -> np.ndarray:
+        items = await service_of(request).infer(encoded.payloads, encoded.buckets)
+        return stack(items, self.output_name)
 
-    def v2_inputs(self) -> list[dict[str, Any]]:
-        return [{"name": "text", "datatype": "BYTES", "shape": [-1, 2] if self.pairs else [-1]}]
-
-    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+        tensor = tensors["text"]
         if not self.pairs:
             encoded = await self.encode(v2_texts(tensor), "inputs[0].data")
             return encoded.payloads, encoded.buckets
@@ -162,7 +155,7 @@ class TextClassificationRuntime(TokenizedRuntime):
             raise InvalidRequestError(f"input 'text' must hold {shape[0]} rows of two non-empty strings")
         if shape[0] > self.max_items:
             raise PayloadTooLargeError(f"inputs[0] has {shape[0]} pairs; the limit is {self.max_items}")
-        encoded = await self.encoder.encode_pairs_async(list(zip(data[0::2], data[1::2], strict=True)))
+        encoded = await encode_pairs(self.encoder, list(zip(data[0::2], data[1::2], strict=True)))
         return encoded.payloads, encoded.buckets
 
     def routes(self) -> list[RouteSpec]:
@@ -223,7 +216,7 @@ async def classify(request: Request) -> Response:
     texts = [body.input] if isinstance(body.input, str) else body.input
     k = min(body.top_k or 5, runtime.output_dim)
     encoded = await runtime.encode(texts, "input")
-    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    rows = await runtime.infer(request, encoded)
     data = []
     for i, row in enumerate(rows):
         best = np.argsort(-row, kind="stable")[:k]
@@ -240,8 +233,7 @@ async def rerank(request: Request) -> Response:
         check_model(request, body.model, None)
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     encoded = await runtime.encode(texts, "documents", pairs_with=body.query)
-    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
-    scores = rows[:, 0]
+    scores = (await runtime.infer(request, encoded))[:, 0]
     results = [
         RerankResult(
             index=int(i),
@@ -254,30 +246,4 @@ async def rerank(request: Request) -> Response:
     return json_response(answer.model_dump(exclude_none=True))
 
 
-def _backend(session: Any, settings: TextClassificationSettings, width: int) -> TextClassifierBackend:
-    tokenizer = settings.tokenizer
-    return TextClassifierBackend(session, tokenizer.model_input_names, tokenizer.pad_token_id, width)
-
-
-def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]) -> dict[str, float]:
-    """Classifiers: probability differences and top-1/top-5 agreement. Cross-encoders: score
-    differences and rank agreement within each query's documents."""
-    if reference.shape[1] > 1:
-        return probability_metrics(reference, candidate)
-    queries = [str(x[0]) if isinstance(x, tuple) else "" for x in inputs]
-    groups = np.unique(np.array(queries), return_inverse=True)[1]
-    diff = np.abs(candidate.astype(np.float64) - reference.astype(np.float64))
-    return {
-        "max_abs_diff": float(diff.max()),
-        "mean_abs_diff": float(diff.mean()),
-        "rank_agreement": rank_agreement(reference[:, 0], candidate[:, 0], groups),
-    }
-
-
-TASK = ServingTask(
-    name="text-classification",
-    open=TextClassificationRuntime,
-    probe_prepare=probe_prepare,
-    backend=_backend,
-    probe_metrics=_metrics,
-)
+TASK = ServingTask(name="text-classification", open=TextClassificationRuntime)

@@ -1,8 +1,9 @@
 """Serving text embeddings: OpenAI `POST /v1/embeddings`, and the Open Inference Protocol with one
 input `text` (BYTES, `[n]`) and one output `sentence_embedding` (FP32, `[n, dim]`).
 
-Texts are tokenized with the bundle's tokenizer.json (serving/text.py) and queued by padded-length
-bucket; the backend pads each batch to its longest text. The request and answer bodies are the
+Texts are tokenized with the bundle's tokenizer.json (the engine's, kernel/engines/tokens.py, with
+the server's limits) and queued by padded-length bucket; the engine pads each batch to its
+longest text. The request and answer bodies are the
 pydantic models below: the same models parse requests and write the OpenAPI schemas.
 """
 
@@ -15,22 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ortpack.kernel.backend import TextEmbeddingBackend
-from ortpack.kernel.contracts.text_embedding import TextEmbeddingSettings
-from ortpack.kernel.gates import embedding_metrics
+from ortpack.kernel.contracts.text_embedding import OUTPUT
+from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import component_schemas, read_body_as
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
 from ortpack.serving.tasks.contract import LoadContext, ServingTask
-from ortpack.serving.text import (
-    Encoded,
-    TextEncoder,
-    TextsOrTokens,
-    TokenizedRuntime,
-    probe_prepare,
-    texts_or_ids,
-    v2_texts,
-)
+from ortpack.serving.text import TextsOrTokens, encode_ids, encode_texts, texts_or_ids, v2_texts
 
 
 class EmbeddingsRequest(BaseModel):
@@ -78,40 +70,25 @@ class EmbeddingsResponse(BaseModel):
     usage: EmbeddingsUsage
 
 
-class TextEmbeddingRuntime(TokenizedRuntime):
-    """A loaded text-embedding variant: its tokenizer (with the server's limits) and backend."""
-
-    output_name = "sentence_embedding"
+class TextEmbeddingRuntime:
+    """The HTTP side of a text-embedding variant: its engine's tokenizer with the server's limits."""
 
     def __init__(self, ctx: LoadContext) -> None:
-        manifest, config = ctx.manifest, ctx.config
-        settings = manifest.task_settings
-        if not isinstance(settings, TextEmbeddingSettings):
-            raise ValueError(f"not a text-embedding bundle: {manifest.task}")
-        tokenizer = settings.tokenizer
-        self.max_items = config.max_items
-        self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
-        self.output_dim = int(manifest.outputs[0].shape[-1])
-        self.backend = _backend(ctx.session, settings, manifest.output_width)
-        self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = probe_prepare(settings, ctx.files)
+        self.engine = ctx.engine
+        self.encoder = self.engine.encoder  # type: ignore[attr-defined]  # a TokenEngine's
+        self.max_items = ctx.config.max_items
+        self.output_dim = ctx.manifest.sizes["dim"]
 
     async def encode(self, texts: list[str] | None, ids: list[list[int]] | None, where: str) -> Encoded:
         count = len(texts or ids or [])
         if count > self.max_items:
             raise PayloadTooLargeError(f"{where} has {count} items; the limit is {self.max_items}")
         if texts is not None:
-            return await self.encoder.encode_async(texts)
-        return self.encoder.from_ids(ids or [])
+            return await encode_texts(self.encoder, texts)
+        return await encode_ids(self.encoder, ids or [])
 
-    def v2_outputs(self) -> list[dict[str, Any]]:
-        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, self.output_dim]}]
-
-    def v2_inputs(self) -> list[dict[str, Any]]:
-        return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-
-    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-        encoded = await self.encode(v2_texts(tensor), None, "inputs[0].data")
+    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+        encoded = await self.encode(v2_texts(tensors["text"]), None, "inputs[0].data")
         return encoded.payloads, encoded.buckets
 
     def routes(self) -> list[RouteSpec]:
@@ -144,7 +121,8 @@ async def embeddings(request: Request) -> Response:
         check_model(request, body.model, None)
     texts, ids = texts_or_ids(body.input)
     encoded = await runtime.encode(texts, ids, "input")
-    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    items = await service.infer(encoded.payloads, encoded.buckets)
+    rows = [item[OUTPUT] for item in items]
     if body.encoding_format == "base64":
         data = [
             {"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()}
@@ -158,15 +136,4 @@ async def embeddings(request: Request) -> Response:
     )
 
 
-def _backend(session: Any, settings: TextEmbeddingSettings, width: int) -> TextEmbeddingBackend:
-    tokenizer = settings.tokenizer
-    return TextEmbeddingBackend(session, tokenizer.model_input_names, tokenizer.pad_token_id, width)
-
-
-TASK = ServingTask(
-    name="text-embedding",
-    open=TextEmbeddingRuntime,
-    probe_prepare=probe_prepare,
-    backend=_backend,
-    probe_metrics=lambda reference, candidate, _inputs: embedding_metrics(reference, candidate),
-)
+TASK = ServingTask(name="text-embedding", open=TextEmbeddingRuntime)

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -21,13 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ortpack.kernel.backend import TextEmbeddingBackend
-from ortpack.kernel.contracts.token_classification import PAD, TokenClassificationSettings, token_metrics
+from ortpack.kernel.contracts.token_classification import OUTPUT, TokenClassificationSettings
+from ortpack.kernel.engine import stack
+from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import component_schemas, read_body_as
 from ortpack.serving.errors import PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
 from ortpack.serving.tasks.contract import LoadContext, ServingTask
-from ortpack.serving.text import Encoded, TextEncoder, Texts, TokenizedRuntime, probe_prepare, v2_texts
+from ortpack.serving.text import Texts, context_tokens, tokenize, v2_texts
 
 INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
 
@@ -129,46 +129,15 @@ def tag(text: str, encoding: Any, probs: np.ndarray, labels: Sequence[str], aggr
 # ---------------------------------------------------------------- the runtime
 
 
-class TokenTaggerBackend(TextEmbeddingBackend):
-    """Token ids in, `[width, labels]` rows out: each text's per-token probabilities, PAD past its
-    tokens up to the bundle's max length, so rows of every batch and bucket stack."""
-
-    def __init__(self, session: Any, input_names: Sequence[str], pad_token_id: int, width: int, labels: int) -> None:
-        super().__init__(session, input_names, pad_token_id, labels)
-        self.width = width
-
-    def run(self, payloads: Sequence[np.ndarray]) -> np.ndarray:
-        probs = self.session.run(None, self.feeds(payloads))[0]
-        out = np.full((len(payloads), self.width, probs.shape[-1]), PAD, dtype=np.float32)
-        for row, tokens in enumerate(payloads):
-            out[row, : len(tokens)] = probs[row, : len(tokens)]
-        return out
-
-
-def _backend(session: Any, settings: TokenClassificationSettings, width: int) -> TokenTaggerBackend:
-    tokenizer = settings.tokenizer
-    return TokenTaggerBackend(
-        session, tokenizer.model_input_names, tokenizer.pad_token_id, tokenizer.max_length, len(settings.labels)
-    )
-
-
-class TokenClassificationRuntime(TokenizedRuntime):
-    output_name = "probabilities"
-
+class TokenClassificationRuntime:
     def __init__(self, ctx: LoadContext) -> None:
-        manifest, config = ctx.manifest, ctx.config
-        settings = manifest.task_settings
+        settings = ctx.manifest.task_settings
         if not isinstance(settings, TokenClassificationSettings):
-            raise ValueError(f"not a token-classification bundle: {manifest.task}")
+            raise ValueError(f"not a token-classification bundle: {ctx.manifest.task}")
         self.labels = settings.labels
         self.aggregation = settings.aggregation
-        self.max_items = config.max_items
-        tokenizer = settings.tokenizer
-        self.encoder = TextEncoder.for_server(ctx.files[tokenizer.file].decode(), tokenizer.max_length, config)
-        self.output_dim = len(self.labels)
-        self.backend = _backend(ctx.session, settings, manifest.output_width)
-        self.batching = f"buckets {self.encoder.buckets}"
-        self._probe = probe_prepare(settings, ctx.files)
+        self.max_items = ctx.config.max_items
+        self.encoder = ctx.engine.encoder  # type: ignore[attr-defined]  # a TokenEngine's
 
     def _tokenize(self, texts: list[str]) -> tuple[list[Any], Encoded]:
         encodings = self.encoder.tokenizer.encode_batch(list(self.encoder.bound(texts)))
@@ -178,20 +147,12 @@ class TokenClassificationRuntime(TokenizedRuntime):
         """(the texts as tokenized, after --max-text-chars; their encodings; the payloads)."""
         if len(texts) > self.max_items:
             raise PayloadTooLargeError(f"{where} has {len(texts)} items; the limit is {self.max_items}")
-        if sum(len(t) for t in texts) <= INLINE_CHARS:
-            encodings, encoded = self._tokenize(texts)
-        else:
-            encodings, encoded = await asyncio.to_thread(self._tokenize, texts)
+        encodings, encoded = await tokenize(lambda: self._tokenize(texts), sum(len(t) for t in texts) <= INLINE_CHARS)
+        context_tokens(encoded.tokens)
         return list(self.encoder.bound(texts)), encodings, encoded
 
-    def v2_inputs(self) -> list[dict[str, Any]]:
-        return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-
-    def v2_outputs(self) -> list[dict[str, Any]]:
-        return [{"name": self.output_name, "datatype": "FP32", "shape": [-1, -1, self.output_dim]}]
-
-    async def v2_payloads(self, tensor: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-        _, _, encoded = await self.tokenize(v2_texts(tensor), "inputs[0].data")
+    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+        _, _, encoded = await self.tokenize(v2_texts(tensors["text"]), "inputs[0].data")
         return encoded.payloads, encoded.buckets
 
     def routes(self) -> list[RouteSpec]:
@@ -224,7 +185,7 @@ async def recognize(request: Request) -> Response:
         check_model(request, body.model, None)
     texts = [body.input] if isinstance(body.input, str) else body.input
     texts, encodings, encoded = await runtime.tokenize(texts, "input")
-    rows = await service.infer(encoded.payloads, encoded.buckets, tokens=encoded.tokens)
+    rows = stack(await service.infer(encoded.payloads, encoded.buckets), OUTPUT)
     aggregation = body.aggregation or runtime.aggregation
     data = [
         NerResult(index=i, entities=tag(text, enc, rows[i, : len(enc.ids)], runtime.labels, aggregation))
@@ -234,14 +195,4 @@ async def recognize(request: Request) -> Response:
     return json_response(answer.model_dump())
 
 
-def _metrics(reference: np.ndarray, candidate: np.ndarray, inputs: Sequence[Any]) -> dict[str, float]:
-    return token_metrics(reference, candidate)
-
-
-TASK = ServingTask(
-    name="token-classification",
-    open=TokenClassificationRuntime,
-    probe_prepare=probe_prepare,
-    backend=_backend,
-    probe_metrics=_metrics,
-)
+TASK = ServingTask(name="token-classification", open=TokenClassificationRuntime)

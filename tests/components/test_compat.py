@@ -56,7 +56,7 @@ def spaces(bundle: Path) -> dict[str, dict[str, object]]:
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "serving", "--port", str(free_port()), *args],
+        [sys.executable, "-m", "ortpack.serving", "--port", str(free_port()), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -69,7 +69,7 @@ def test_report_marks_off_target_and_degenerate_builds(cuda_fp16: Path, tiny_exp
 
     from ortpack.components.core.artifacts import ExportResult, OptimizeResult, VariantRecord
     from ortpack.components.core.parity import validate_variant
-    from ortpack.components.core.report import banners
+    from ortpack.components.core.report.tables import banners
     from ortpack.components.core.tasks import thresholds_for
 
     report = validate_variant(

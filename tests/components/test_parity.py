@@ -86,7 +86,10 @@ def test_gate_rejects_wrong_signature(tiny_export: Path, tmp_path: Path) -> None
         ParityThresholds(EMBEDDING),
         variant_id="renamed",
     )
-    assert report.misses == ["outputs are ['embeddings'], expected ['sentence_embedding']"]
+    assert report.misses == [
+        "unexpected output embeddings (declared: sentence_embedding)",
+        "missing output sentence_embedding (float32 ['batch', 'dim'])",
+    ]
 
 
 def test_unloadable_graph_is_a_miss_not_a_crash(tiny_export: Path, tmp_path: Path) -> None:

@@ -10,16 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from ortpack.components.core.report import (
-    format_metric,
-    format_ms,
-    format_ratio,
-    format_summary,
-    parity_tables,
-    render_html,
-    shape_label,
-    verdict_box,
-)
+from ortpack.components.core.report import format_summary, render_html
+from ortpack.components.core.report.numbers import format_metric, format_ms, format_ratio, shape_label
+from ortpack.components.core.report.page import parity_tables, verdict_box
 from tests.report_shots import Build, int8_missed, nothing_passed, recorded_build, under_load, with_gpu_variant
 
 

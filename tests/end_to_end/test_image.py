@@ -19,6 +19,7 @@ import torch
 from ortpack.components.core.artifacts import ExportResult, ParityReport
 from ortpack.components.core.validation_data import ImageSpec, render_image
 from ortpack.kernel.bundle import Manifest, verify_bundle
+from tests.photos import encode
 from tests.request_bodies import BODIES, check_answers
 from tests.servers import RunningServer, free_port, running_server
 
@@ -103,88 +104,6 @@ def reduced_evidence(manifest: Manifest, variant_id: str, side: int) -> Manifest
     preprocessing = settings.preprocessing.model_copy(update={"decode": "reduced", "decode_min_side": side})
     settings = settings.model_copy(update={"preprocessing": preprocessing})
     return manifest.model_copy(update={"variants": variants, "task_settings": settings})
-
-
-SIZES = [(480, 640), (640, 480), (17, 23), (257, 300), (224, 225), (1080, 1920), (2, 2), (1, 5)]
-
-
-@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
-@pytest.mark.parametrize("opset", [13, 18])
-def test_preprocess_graph_matches_torchvision(interpolation: str, opset: int) -> None:
-    """The preprocessing graph (ONNX Runtime) against torchvision's uint8 fixed-point kernel: one
-    level apart at most when downscaling; upscales (images under the resize size) are reported by
-    the gate and stay within two (bicubic on noise)."""
-    import onnxruntime as ort
-
-    from ortpack.components.core.exporters.image_classification import ImagePreprocess, reference_transform
-
-    pre = {
-        "resize_size": 256,
-        "crop_size": 224,
-        "mean": (0.485, 0.456, 0.406),
-        "std": (0.229, 0.224, 0.225),
-        "interpolation": interpolation,
-    }
-    graph = ImagePreprocess(**pre).graph(opset)
-    assert graph.opset_import[0].version == opset
-    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
-    transform = reference_transform(pre)
-    mean, std = np.array(pre["mean"]).reshape(3, 1, 1) * 255, np.array(pre["std"]).reshape(3, 1, 1) * 255
-    for i, (h, w) in enumerate(SIZES):
-        image = render_image(ImageSpec(h, w, "noisy" if i % 2 else "smooth", i))
-        ours = session.run(None, {"images": image[None]})[0][0] * std + mean
-        theirs = transform(torch.from_numpy(image).permute(2, 0, 1)).numpy().astype(np.float64)
-        assert ours.shape == theirs.shape == (3, 224, 224)
-        assert np.abs(np.rint(ours) - theirs).max() <= (1 if min(h, w) >= 256 else 2), (h, w)
-    batch = np.stack([render_image(ImageSpec(300, 451, "noisy", i)) for i in range(3)])
-    rows = session.run(None, {"images": batch})[0]
-    for image, row in zip(batch, rows, strict=True):  # a batch is its images, each on its own
-        np.testing.assert_array_equal(row, session.run(None, {"images": image[None]})[0][0])
-
-
-def test_encoded_validation_set_is_varied_and_deterministic() -> None:
-    """The files the served path is gated on: JPEG and PNG, 200x150 to 4000x3000, qualities,
-    chroma subsampling, EXIF orientations, greyscale and alpha; the same bytes every time."""
-    from PIL import Image
-
-    from ortpack.components.core.validation_data import encode_validation_image, encoded_validation_images
-
-    specs = encoded_validation_images()
-    pixels = [s.width * s.height for s in specs]
-    assert min(pixels) == 200 * 150 and max(pixels) == 4000 * 3000
-    assert {s.format for s in specs} == {"JPEG", "PNG"} and {s.mode for s in specs} == {"RGB", "L", "RGBA"}
-    assert {s.content for s in specs} == {"photo", "edges", "text", "fine"}
-    assert len({s.orientation for s in specs}) == 8 and len({s.quality for s in specs if s.format == "JPEG"}) >= 4
-    assert not {s.seed for s in specs} & {s.seed for s in encoded_validation_images(calibration=True)}
-    for spec in (specs[1], specs[-2]):
-        data = encode_validation_image(spec)
-        assert data == encode_validation_image(spec)
-        with Image.open(io.BytesIO(data)) as image:
-            assert image.format == spec.format and image.size == (spec.width, spec.height)
-            assert image.getexif().get(0x0112, 1) == spec.orientation
-
-
-def test_preprocessing_spec_of_every_supported_model() -> None:
-    from ortpack.components.core.exporters.image_classification import preprocessing_spec
-    from ortpack.components.core.sources import TORCHVISION_MODELS
-    from ortpack.components.core.specs import ExportSpec
-
-    specs = {
-        name: preprocessing_spec(ExportSpec(source=name, task="image-classification", name="x"))
-        for name in TORCHVISION_MODELS
-    }
-    assert specs["mobilenet_v3_small"]["resize_size"] == 256 and specs["resnet50"]["resize_size"] == 232
-    assert specs["efficientnet_b0"]["interpolation"] == "bicubic"
-    assert all(s["crop_size"] == 224 for s in specs.values())
-    override = preprocessing_spec(
-        ExportSpec(
-            source="resnet18",
-            task="image-classification",
-            name="x",
-            options={"resize_size": 300, "crop_size": 288, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)},
-        )
-    )
-    assert (override["resize_size"], override["crop_size"], override["mean"]) == (300, 288, (0.5, 0.5, 0.5))
 
 
 def test_export_signature_and_non_degenerate_reference(image_export: Path) -> None:
@@ -278,7 +197,7 @@ def test_gate_covers_the_served_path(image_bundle: Path, image_export: Path, tmp
 def test_server_decoder_is_the_reference_decode(image_export: Path) -> None:
     """Exact decoding gives the reference's pixels on every validation file (EXIF orientations,
     greyscale, alpha, 4:4:4 and 4:2:0 JPEGs): what the served path adds to the graph is nothing."""
-    from ortpack.components.core.exporters.image_classification import reference_decode
+    from ortpack.components.core.exporters.image_common import reference_decode
     from ortpack.components.core.validation_data import unpack_files
     from ortpack.kernel.images import ImageDecoder
 
@@ -339,7 +258,7 @@ def test_server_refuses_an_unvalidated_decode_at_start(image_bundle: Path) -> No
         (("--decode", "draft"), "--decode must be auto, exact or reduced"),
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "serving", "--bundle", str(image_bundle), "--port", str(free_port()), *args],
+            [sys.executable, "-m", "ortpack.serving", "--bundle", str(image_bundle), "--port", str(free_port()), *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -416,14 +335,6 @@ def test_classify_json_answers_as_its_schema_says(image_server: RunningServer) -
         answer = httpx.post(f"{image_server.url}/v1/classify/json", json=body)
         answers.append((body, answer.status_code, answer.json()))
     check_answers(doc, "/v1/classify/json", answers)
-
-
-def encode(image: np.ndarray, fmt: str, **options: object) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, fmt, **options)
-    return buf.getvalue()
 
 
 def direct(bundle: Path, image: np.ndarray) -> np.ndarray:
@@ -670,65 +581,6 @@ def test_openapi_of_an_image_server(image_server: RunningServer) -> None:
     assert {"/v1/classify", "/v1/classify/json", "/v2/models/{name}/infer"} <= set(paths)
     assert "/v1/embeddings" not in paths and "/v1/rerank" not in paths
     assert set(paths["/v1/classify"]["post"]["requestBody"]["content"]) == {"image/jpeg", "image/png", "image/webp"}
-
-
-def test_decoder_keeps_pillows_bomb_check_and_global_state() -> None:
-    """Decoding changes nothing process-wide (Pillow's MAX_IMAGE_PIXELS, the warnings filters),
-    runs on many threads at once, and Pillow's own decompression-bomb check still answers 413
-    when our limit is higher than Pillow's."""
-    import struct
-    import warnings
-    import zlib
-    from concurrent.futures import ThreadPoolExecutor
-
-    from PIL import Image
-
-    from ortpack.kernel.images import ImageDecoder
-    from ortpack.serving.errors import PayloadTooLargeError
-
-    pillow_limit, filters = Image.MAX_IMAGE_PIXELS, list(warnings.filters)
-    assert pillow_limit is not None
-    decoder = ImageDecoder(max_pixels=1 << 40)
-    files = [encode(render_image(ImageSpec(90 + i, 120, "smooth", i)), "JPEG" if i % 2 else "PNG") for i in range(12)]
-    expected = [decoder.decode(f) for f in files]
-    with ThreadPoolExecutor(8) as pool:
-        for _ in range(5):
-            for got, want in zip(pool.map(decoder.decode, files), expected, strict=True):
-                np.testing.assert_array_equal(got, want)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    side = int((2 * pillow_limit) ** 0.5) + 10  # a header past twice Pillow's limit: an error at open
-    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
-    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-    with pytest.raises(PayloadTooLargeError, match="too many pixels"):
-        decoder.decode(bomb)
-    with pytest.raises(PayloadTooLargeError, match=r"limit 30.0 MP"):
-        ImageDecoder(max_pixels=30_000_000).decode(bomb)
-    assert Image.MAX_IMAGE_PIXELS == pillow_limit and warnings.filters == filters
-
-
-@pytest.mark.slow
-def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
-    """The bicubic preprocessing of EfficientNet-B0's weights, exported and gated like the rest."""
-    from ortpack.components.core.export import export_model
-    from ortpack.components.core.optimize import optimize_model
-    from ortpack.components.core.parity import validate_variant
-    from ortpack.components.core.specs import ExportSpec, VariantSpec
-    from ortpack.components.core.tasks import thresholds_for
-    from tests.models import make_image_weights
-
-    weights = make_image_weights("efficientnet_b0", tmp_path / "b0.safetensors")
-    export_model(
-        ExportSpec(source="efficientnet_b0", task="image-classification", name="b0", options={"weights": str(weights)}),
-        tmp_path / "export",
-    )
-    optimize_model(tmp_path / "export", VariantSpec(target="cpu", precision="fp32"), tmp_path / "fp32")
-    report = validate_variant(tmp_path / "fp32", tmp_path / "export", thresholds_for("image-classification", "fp32"))
-    assert ExportResult.load(tmp_path / "export").task_settings["preprocessing"]["interpolation"] == "bicubic"
-    assert report.passed, report.misses
-    assert ParityReport.load(tmp_path / "fp32").values["max_pixel_diff"] <= 2
 
 
 def test_int8_weights_cannot_saturate(image_variants: dict[str, Path]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ortpack.kernel.tokenizer import TokenPair, payload_tokens
 from ortpack.serving.batcher import Batcher, BatchStats
 from ortpack.serving.context import RequestContext, bind, unbind
 from ortpack.serving.errors import (
@@ -21,7 +22,6 @@ from ortpack.serving.errors import (
     OverloadedError,
     PayloadTooLargeError,
 )
-from ortpack.serving.text import TokenPair, payload_tokens
 
 
 class RecordingBackend:
@@ -210,9 +210,7 @@ def test_batches_stop_at_their_cost_budget() -> None:
     """Images: a batch is capped by pixels as well as by items, and always holds at least one."""
     backend = RecordingBackend()
     backend.gate.clear()
-    batcher = Batcher(
-        backend, max_batch_size=32, max_queue_size=100, workers=1, item_cost=lambda p: p, max_batch_cost=10
-    )
+    batcher = Batcher(backend, max_batch_size=32, max_queue_size=100, workers=1, cost=lambda p: p, max_batch_cost=10)
 
     async def body() -> None:
         held = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
@@ -365,8 +363,8 @@ def test_timings_reach_the_request_context() -> None:
 
 
 def test_only_text_batches_count_tokens() -> None:
-    """The runtime says what a payload costs in tokens: an image's len() is its height, so image
-    batches (no `item_tokens`) must not feed the token and padding metrics."""
+    """The engine says what a payload costs and in which units: an image's pixels must not feed the
+    token and padding metrics (nor its len(), which is its height)."""
     assert payload_tokens(np.arange(7, dtype=np.int64)) == 7
     assert payload_tokens(TokenPair(np.arange(4), np.zeros(4, dtype=np.int64))) == 4
     stats: list[BatchStats] = []
@@ -378,7 +376,15 @@ def test_only_text_batches_count_tokens() -> None:
             backend.batches.append([p.shape for p in payloads])
             return np.zeros((len(payloads), 2))
 
-    batcher = Batcher(ImageBackend(), max_batch_size=4, max_queue_size=10, workers=1, on_batch=stats.append)
+    batcher = Batcher(
+        ImageBackend(),
+        max_batch_size=4,
+        max_queue_size=10,
+        workers=1,
+        on_batch=stats.append,
+        cost=lambda p: p.shape[0] * p.shape[1],
+        units="pixels",
+    )
     run(_with(batcher, batcher.submit(images, [(48, 64)] * 2, 5.0)))
     assert stats and all(s.real_tokens == 0 and s.padded_tokens == 0 for s in stats)
     texts = Batcher(
@@ -387,7 +393,9 @@ def test_only_text_batches_count_tokens() -> None:
         max_queue_size=10,
         workers=1,
         on_batch=stats.append,
-        item_tokens=payload_tokens,
+        cost=payload_tokens,
+        padded=True,
+        units="tokens",
     )
     ids = [np.arange(3, dtype=np.int64), np.arange(5, dtype=np.int64)]
 
@@ -426,7 +434,7 @@ def test_text_batches_stop_at_their_token_budget() -> None:
             return super().run(payloads)
 
     batcher = Batcher(
-        Gated(), max_batch_size=32, max_queue_size=100, workers=1, item_tokens=payload_tokens, max_batch_tokens=25
+        Gated(), max_batch_size=32, max_queue_size=100, workers=1, cost=payload_tokens, padded=True, max_batch_cost=25
     )
     ids = [np.arange(n, dtype=np.int64) for n in (10, 10, 10, 12, 30, 5)]
 

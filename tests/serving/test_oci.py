@@ -289,7 +289,7 @@ def test_server_warns_when_the_signature_is_not_checked(
 def _refused_start(bundle: str, *args: str, env: dict[str, str] | None = None) -> str:
     """Start the server and expect exit 2 with one error line, before any model is loaded."""
     done = subprocess.run(
-        [sys.executable, "-m", "serving", "--bundle", bundle, "--port", "1", *args],
+        [sys.executable, "-m", "ortpack.serving", "--bundle", bundle, "--port", "1", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -30,12 +30,14 @@ def test_serve_extra_alone_serves_a_bundle(tiny_bundle: Path, tmp_path: Path) ->
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    # the Dockerfile's build context: COPY pyproject.toml README.md, COPY serving
+    # the Dockerfile's build context: COPY pyproject.toml README.md, COPY ortpack kernel serving (the
+    # package's links to components/ and pipelines/ dangle there: those floors are not installed)
     context = tmp_path / "context"
     context.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copyfile(ROOT / name, context / name)
-    shutil.copytree(ROOT / "serving", context / "serving", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("ortpack", "kernel", "serving"):
+        shutil.copytree(ROOT / name, context / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     for step in (["-r", str(context / "serving" / "requirements.lock")], [str(context)]):  # as Dockerfile.serve
         install = subprocess.run(
             [python, "-m", "pip", "install", "--quiet", "--no-deps", *step], capture_output=True, text=True, timeout=900
@@ -43,8 +45,8 @@ def test_serve_extra_alone_serves_a_bundle(tiny_bundle: Path, tmp_path: Path) ->
         assert install.returncode == 0, install.stderr[-3000:]
     probe = (
         "import importlib.util as u, json; print(json.dumps("
-        "[m for m in ('torch', 'transformers', 'kfp', 'components', 'pipelines', 'torchvision', 'onnx') "
-        "if u.find_spec(m)]))"
+        "[m for m in ('torch', 'transformers', 'kfp', 'components', 'pipelines', 'serving', 'kernel', 'torchvision', "
+        "'onnx', 'ortpack.components', 'ortpack.pipelines') if u.find_spec(m)]))"
     )
     absent = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert absent.stdout.strip() == "[]"

@@ -25,7 +25,7 @@ from tests.servers import free_port, running_server
 
 def serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "serving", *args],
+        [sys.executable, "-m", "ortpack.serving", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from ortpack.kernel.archive import BUNDLE_MAX_MEMBERS as MAX_MEMBERS
 from ortpack.kernel.bundle import BundleError, verify_bundle, write_bundle
-from ortpack.kernel.sources import MAX_MEMBERS, fetch, fetch_bundle
+from ortpack.kernel.sources import fetch, fetch_bundle
 from tests.models import minimal_manifest
 
 

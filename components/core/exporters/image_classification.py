@@ -11,22 +11,18 @@ calibrated on, kept apart from the validation photos). Without them, generated i
 Output graph: `images` uint8 `[batch, height, width, 3]` (RGB, any size; all images of a batch
 share one size) to `probabilities` float32 `[batch, classes]`. Inside: resize of the shorter side
 (antialiased, bilinear or bicubic as the weights' transforms say), centre crop, scale to [0, 1],
-normalise, the model, softmax. It is built from two graphs joined by `onnx.compose`: the
-preprocessing (exported with the dynamo exporter, the one that exports antialiased resizing, node
-names prefixed `pre/`) and the network (the TorchScript exporter, prefixed `net/`), so later steps
-can keep preprocessing in fp32 when they quantize the network.
+normalise, the model, softmax. The preprocessing graph, the validation set and the reference
+decode are what every image task shares (image_common.py); this module adds the classifier's
+head (softmax), its labels and the choice of the server's default JPEG decode.
 
 What this does not do: detection or segmentation heads, models that take more than one tensor.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import time
-import warnings
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,9 +33,22 @@ from torch import nn
 
 from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
+from ortpack.components.core.exporters.image_common import (
+    BENCH_SHAPES,
+    INPUT_NAME,
+    MIN_OPSET,
+    ValidationSet,
+    export_graphs,
+    generated_validation_set,
+    photo_validation_set,
+    preprocessing_settings,
+    preprocessing_spec,
+    reference_decode,
+    reference_decode_size,
+    reference_transform,
+)
 from ortpack.components.core.exporters.image_models import (
     default_labels,
-    default_preprocessing,
     load_image_network,
     parse_image_source,
 )
@@ -47,27 +56,15 @@ from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
     ImageSpec,
-    encode_png,
-    encode_validation_image,
-    encoded_validation_images,
     pack_files,
     read_image_files,
     render_image,
-    validation_images,
 )
 from ortpack.kernel.contracts.image_classification import ImageOptions
 
 log = logging.getLogger("ortpack.export")
 
-INPUT_NAME, PIXELS_NAME, OUTPUT_NAME = "images", "pixels", "probabilities"
-MIN_OPSET = 13  # ReduceSum and Unsqueeze take their axes as inputs from opset 13
-BENCH_SHAPES = {"b1_480x640": (1, 480, 640), "b8_480x640": (8, 480, 640)}
-# filter support (in input pixels at scale 1) and the cubic coefficient: torchvision's and Pillow's
-_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
-_CUBIC_A = -0.5
-# Bilinear weights in fixed point: with 15 bits a weight of 1 has a high byte of 128, which fits
-# uint8 around the zero point 127 (torchvision's kernel uses 16-17 bits, Pillow's 22).
-_WEIGHT_BITS = 15
+OUTPUT_NAME = "probabilities"
 # Reduced JPEG decoding: the shorter side is kept at least margin x resize_size, for the smallest
 # margin that passes the decode gate (measured: README "Image classification"); a margin is judged
 # only when it reduces at least MIN_REDUCED_FILES validation files.
@@ -75,213 +72,6 @@ REDUCED_MARGINS = (1.5, 2.0, 3.0, 4.0)
 MIN_REDUCED_FILES = 8
 # the user's calibration photos, packed, beside the export (not shipped in the bundle)
 CALIBRATION_FILE = "calibration.npz"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImagePreprocess:
-    """uint8 `[N, H, W, 3]` to the network's normalised float `[N, 3, crop, crop]`, as an ONNX graph.
-
-    The same steps as torchvision's `Resize(resize_size, antialias=True)`, `CenterCrop(crop_size)`
-    and `Normalize(mean, std)` on uint8 tensors (Pillow's algorithm): the shorter side becomes
-    `resize_size` (the longer `floor(long * resize / short)`), the crop offset is Python's
-    round-half-to-even of half the excess, and the resize is two one-dimensional passes,
-    horizontal then vertical, each rounded and saturated to uint8 levels, with the antialiasing
-    filter's taps and weights computed in the graph from the image's size (no branch on it: one
-    graph takes every size).
-
-    Written as explicit ONNX operators, not exported from torch, because it computes only what
-    the crop keeps: the horizontal pass runs on the rows the vertical pass reads and produces only
-    the crop's columns, each pass a gather of the taps (uint8) and one batched matrix product of
-    the weights with them (`_weigh`). Measured on one core for a 1280x960 photo: ONNX Runtime's
-    antialiased Resize (the dynamo export of torch's interpolate) 13.5 ms, this 5.0 ms (loaded
-    machine; 2.7 against 4.2 ms at 640x480). Pixels agree with torchvision's uint8 kernel within
-    one level, downscaling and upscaling (bicubic upscales of tiny images: two).
-    """
-
-    resize_size: int
-    crop_size: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    interpolation: str = "bilinear"
-
-    def graph(self, opset: int) -> Any:
-        """The preprocessing as an ONNX model: `images` uint8 NHWC in, `pixels` float NCHW out."""
-        import onnx
-        from onnx import TensorProto, helper
-
-        g = _GraphBuilder()
-        shape = g.op("Shape", INPUT_NAME)
-        n, h, w = (g.op("Slice", shape, g.const([i]), g.const([i + 1])) for i in range(3))
-        short = g.op("Min", h, w)
-        new_h = g.op("Div", g.op("Mul", h, g.const([self.resize_size])), short)
-        new_w = g.op("Div", g.op("Mul", w, g.const([self.resize_size])), short)
-        crop = g.const([self.crop_size])
-        rows, row_weights = self._taps(g, h, new_h, self._offset(g, new_h, crop), crop)
-        cols, col_weights = self._taps(g, w, new_w, self._offset(g, new_w, crop), crop)
-        three = g.const([3])
-        # horizontal pass, on the input rows the vertical pass reads: [rows, W*3] -> [W, 3*N*rows]
-        first = g.op("Reshape", g.op("ReduceMin", rows, keepdims=0), g.const([1]))
-        last = g.op("Add", g.op("Reshape", g.op("ReduceMax", rows, keepdims=0), g.const([1])), g.const([1]))
-        span = g.op("Sub", last, first)
-        band = g.op("Slice", INPUT_NAME, first, last, g.const([1]))  # [N, span, W, 3]
-        band = g.op("Reshape", band, g.op("Concat", g.op("Mul", n, span), g.const([-1]), axis=0))
-        band = g.op("Transpose", band, perm=[1, 0])  # [W*3, N*span]: a plain 2-D transpose is fast
-        band = g.op("Reshape", band, g.op("Concat", w, g.const([-1]), axis=0))  # [W, 3*N*span]
-        x = self._weigh(g, g.op("Gather", band, cols, axis=0), col_weights)  # [crop, 1, 3*N*span]
-        # vertical pass: [crop*3*N, span] -> [span, crop*3*N], gather the taps, weigh them
-        x = g.op("Reshape", x, g.op("Concat", g.op("Mul", crop, g.op("Mul", three, n)), span, axis=0))
-        x = g.op("Transpose", x, perm=[1, 0])
-        x = self._weigh(g, g.op("Gather", x, g.op("Sub", rows, first), axis=0), row_weights)  # [crop, 1, crop*3*N]
-        # [crop(y) * crop(x), 3 * N] -> [3, N, crop, crop] (a 2-D transpose) -> [N, 3, crop, crop]
-        x = g.op(
-            "Transpose",
-            g.op("Reshape", x, g.op("Concat", g.op("Mul", crop, crop), g.op("Mul", three, n), axis=0)),
-            perm=[1, 0],
-        )
-        x = g.op("Transpose", g.op("Reshape", x, g.op("Concat", three, n, crop, crop, axis=0)), perm=[1, 0, 2, 3])
-        x = g.op("Cast", x, to=TensorProto.FLOAT)
-        mean = np.array(self.mean, dtype=np.float32).reshape(1, 3, 1, 1) * 255.0
-        std = np.array(self.std, dtype=np.float32).reshape(1, 3, 1, 1) * 255.0
-        g.op("Div", g.op("Sub", x, g.const(mean, np.float32)), g.const(std, np.float32), output=PIXELS_NAME)
-        graph = helper.make_graph(
-            g.nodes,
-            "preprocess",
-            [helper.make_tensor_value_info(INPUT_NAME, TensorProto.UINT8, ["batch", "height", "width", 3])],
-            [
-                helper.make_tensor_value_info(
-                    PIXELS_NAME, TensorProto.FLOAT, ["batch", 3, self.crop_size, self.crop_size]
-                )
-            ],
-            g.initializers,
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortpack")
-        onnx.checker.check_model(model, full_check=True)
-        return model
-
-    @staticmethod
-    def _offset(g: _GraphBuilder, size: str, crop: str) -> str:
-        """round((size - crop) / 2), half to even, like CenterCrop (crop <= size here)."""
-        excess = g.op("Sub", size, crop)
-        half = g.op("Div", excess, g.const([2]))
-        odd_half_odd = g.op("Mul", g.op("Mod", half, g.const([2])), g.op("Mod", excess, g.const([2])))
-        return g.op("Div", g.op("Add", excess, odd_half_odd), g.const([2]))
-
-    def _taps(self, g: _GraphBuilder, size_in: str, size_out: str, start: str, count: str) -> tuple[str, str]:
-        """For output positions `start .. start+count` of a resize from `size_in` to `size_out`
-        along one axis: the input index of each tap `[count, K]` (int64), its weight `[count, K]`
-        (float64, each row sums to 1), K = 2 * ceil(support) + 1 taps. torchvision's `_compute_index_ranges_weights`:
-        center = scale * (i + 0.5), taps from int(center - support + 0.5) to
-        int(center + support + 0.5) (clipped to the image), weight filter((j - center + 0.5) / s)
-        with s = max(scale, 1), normalised."""
-        from onnx import TensorProto
-
-        f64 = np.float64
-        size_in_f = g.op("Cast", size_in, to=TensorProto.DOUBLE)
-        scale = g.op("Div", size_in_f, g.op("Cast", size_out, to=TensorProto.DOUBLE))
-        stretch = g.op("Max", scale, g.const(1.0, f64))
-        support = g.op("Mul", stretch, g.const(_SUPPORT[self.interpolation], f64))
-        k = g.op("Add", g.op("Mul", g.op("Cast", g.op("Ceil", support), to=TensorProto.INT64), g.const(2)), g.const(1))
-        k = g.op("Reshape", k, g.const([1]))
-        out = g.op(
-            "Cast",
-            g.op("Range", g.op("Squeeze", start), g.op("Squeeze", g.op("Add", start, count)), g.const(1)),
-            to=TensorProto.DOUBLE,
-        )
-        center = g.op("Unsqueeze", g.op("Mul", g.op("Add", out, g.const(0.5, f64)), scale), g.const([1]))  # [count, 1]
-        lo = g.op("Max", g.op("Floor", g.op("Add", g.op("Sub", center, support), g.const(0.5, f64))), g.const(0.0, f64))
-        hi = g.op("Min", g.op("Floor", g.op("Add", g.op("Add", center, support), g.const(0.5, f64))), size_in_f)
-        position = g.op(
-            "Add", lo, g.op("Cast", g.op("Range", g.const(0), g.op("Squeeze", k), g.const(1)), to=TensorProto.DOUBLE)
-        )
-        x = g.op("Abs", g.op("Div", g.op("Add", g.op("Sub", position, center), g.const(0.5, f64)), stretch))
-        if self.interpolation == "bilinear":
-            weight = g.op("Max", g.op("Sub", g.const(1.0, f64), x), g.const(0.0, f64))
-        else:  # Keys' cubic with a = -0.5, zero beyond 2
-            a = _CUBIC_A
-            x2 = g.op("Mul", x, x)
-            x3 = g.op("Mul", x2, x)
-            near = g.op(
-                "Add",
-                g.op("Sub", g.op("Mul", x3, g.const(a + 2, f64)), g.op("Mul", x2, g.const(a + 3, f64))),
-                g.const(1.0, f64),
-            )
-            far = g.op("Mul", x3, g.const(a, f64))
-            far = g.op(
-                "Add", g.op("Sub", far, g.op("Mul", x2, g.const(5 * a, f64))), g.op("Mul", x, g.const(8 * a, f64))
-            )
-            far = g.op("Sub", far, g.const(4 * a, f64))
-            weight = g.op(
-                "Where",
-                g.op("Less", x, g.const(1.0, f64)),
-                near,
-                g.op("Where", g.op("Less", x, g.const(2.0, f64)), far, g.const(0.0, f64)),
-            )
-        weight = g.op("Where", g.op("Less", position, hi), weight, g.const(0.0, f64))  # taps past the image: none
-        weight = g.op("Div", weight, g.op("ReduceSum", weight, g.const([1]), keepdims=1))
-        index = g.op("Cast", g.op("Min", position, g.op("Sub", size_in_f, g.const(1.0, f64))), to=TensorProto.INT64)
-        return index, weight
-
-    def _weigh(self, g: _GraphBuilder, taps: str, weights: str) -> str:
-        """Each output position's taps `[count, K, R]` (uint8) weighed by its weights `[count, K]`
-        (float64), rounded half up and saturated to uint8 levels: `[count, 1, R]` uint8.
-
-        Bilinear weights (in [0, 1]) are applied in integers, to the uint8 taps, like
-        torchvision's kernel: 15-bit fixed point, each weight split into a high and a low byte
-        (balanced, so both fit uint8 around the zero point 127), and one MatMulInteger gives both
-        partial sums. Reading uint8 taps instead of casting them to float first (they are ~1.6
-        times the image) halves the graph's time on large photos. Bicubic weights overshoot 1 and
-        go negative near the borders, so bicubic stays in float32 (the taps cast first).
-        QuantizeLinear saturates to [0, 255] and casts in one operator."""
-        from onnx import TensorProto
-
-        f64 = np.float64
-        if self.interpolation != "bilinear":
-            weights = g.op("Cast", g.op("Unsqueeze", weights, g.const([1])), to=TensorProto.FLOAT)
-            x = g.op("MatMul", weights, g.op("Cast", taps, to=TensorProto.FLOAT))
-            x = g.op("Floor", g.op("Add", x, g.const(np.float32(0.5), np.float32)))  # round half up
-            unit = 1.0
-        else:
-            fixed = g.op("Round", g.op("Mul", weights, g.const(float(1 << _WEIGHT_BITS), f64)))
-            high = g.op("Floor", g.op("Div", g.op("Add", fixed, g.const(127.0, f64)), g.const(256.0, f64)))  # <= 128
-            low = g.op("Sub", fixed, g.op("Mul", high, g.const(256.0, f64)))  # in [-127, 128]
-            parts = g.op("Concat", g.op("Unsqueeze", high, g.const([1])), g.op("Unsqueeze", low, g.const([1])), axis=1)
-            parts = g.op("Cast", g.op("Add", parts, g.const(127.0, f64)), to=TensorProto.UINT8)  # [count, 2, K]
-            sums = g.op("MatMulInteger", parts, taps, g.const(np.uint8(127), np.uint8))  # [count, 2, R] int32
-            # high * 256 + low: exact in float32 (at most 255 * 2^15 < 2^24)
-            combine = g.const(np.array([[256.0, 1.0]], dtype=np.float32), np.float32)
-            x = g.op("MatMul", combine, g.op("Cast", sums, to=TensorProto.FLOAT))  # [count, 1, R]
-            # + 0.5 makes QuantizeLinear's half-to-even round exact ties up, as torchvision does
-            # (bilinear upscales hit ties often); still exact in float32, below 2^23
-            x = g.op("Add", x, g.const(np.float32(0.5), np.float32))
-            unit = float(1 << _WEIGHT_BITS)
-        return g.op("QuantizeLinear", x, g.const(np.float32(unit), np.float32), g.const(np.uint8(0), np.uint8))
-
-
-class _GraphBuilder:
-    """Nodes and constants of a small ONNX graph, named in order (`pre/...` once composed)."""
-
-    def __init__(self) -> None:
-        self.nodes: list[Any] = []
-        self.initializers: list[Any] = []
-        self._count = 0
-
-    def const(self, value: Any, dtype: Any = np.int64) -> str:
-        from onnx import numpy_helper
-
-        self._count += 1
-        name = f"c{self._count}"
-        self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def op(self, op_type: str, *inputs: str, output: str | None = None, **attributes: Any) -> str:
-        from onnx import helper
-
-        self._count += 1
-        name = output or f"t{self._count}"
-        self.nodes.append(
-            helper.make_node(op_type, list(inputs), [name], name=f"{op_type}_{self._count}", **attributes)
-        )
-        return name
 
 
 class Classifier(nn.Module):
@@ -295,25 +85,6 @@ class Classifier(nn.Module):
         return torch.softmax(self.network(pixels), dim=1)
 
 
-def preprocessing_spec(spec: ExportSpec) -> dict[str, Any]:
-    """Resize, crop, mean, std and interpolation: the model's defaults (image_models.py), then flags."""
-    opts = spec.options_as(ImageOptions)
-    defaults = default_preprocessing(parse_image_source(spec.source, local=False))
-    interpolation = str(defaults["interpolation"])
-    if interpolation not in ("bilinear", "bicubic"):
-        raise ExportError(f"{spec.source} uses {interpolation} resizing; ortpack exports bilinear and bicubic")
-    resize, crop = opts.resize_size or int(defaults["resize_size"]), opts.crop_size or int(defaults["crop_size"])
-    if crop > resize:
-        raise InvalidSpecError(f"crop size {crop} is larger than the resize size {resize}")
-    return {
-        "resize_size": resize,
-        "crop_size": crop,
-        "mean": tuple(float(v) for v in (opts.mean or defaults["mean"])),
-        "std": tuple(float(v) for v in (opts.std or defaults["std"])),
-        "interpolation": interpolation,
-    }
-
-
 def read_labels(labels: str | None, source: str, classes: int) -> list[str]:
     if labels is None:
         return default_labels(parse_image_source(source, local=False), classes)
@@ -324,61 +95,6 @@ def read_labels(labels: str | None, source: str, classes: int) -> list[str]:
     if len(lines) != classes:
         raise ModelLoadError(f"{labels} has {len(lines)} labels; {source} has {classes} classes")
     return lines
-
-
-def reference_transform(pre: dict[str, Any]) -> Any:
-    """torchvision's own pipeline on uint8 tensors: what the graph must reproduce."""
-    from torchvision.transforms import v2
-
-    mode = v2.InterpolationMode(pre["interpolation"])
-    return v2.Compose(
-        [v2.Resize(pre["resize_size"], interpolation=mode, antialias=True), v2.CenterCrop(pre["crop_size"])]
-    )
-
-
-def export_graphs(pre: dict[str, Any], classifier: Classifier, out_dir: Path, opset: int) -> None:
-    """preprocess.onnx (`ImagePreprocess`), the network (TorchScript exporter), and model.onnx,
-    the two composed, all at `opset`."""
-    import onnx
-    from onnx import compose
-
-    preprocess = ImagePreprocess(
-        resize_size=pre["resize_size"],
-        crop_size=pre["crop_size"],
-        mean=pre["mean"],
-        std=pre["std"],
-        interpolation=pre["interpolation"],
-    ).graph(opset)
-    onnx.save(preprocess, str(out_dir / "preprocess.onnx"))
-    crop = pre["crop_size"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            classifier,
-            (torch.randn(2, 3, crop, crop),),
-            str(out_dir / "network.onnx"),
-            dynamo=False,
-            opset_version=opset,
-            input_names=[PIXELS_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={PIXELS_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-        )
-    net = onnx.load(str(out_dir / "network.onnx"))
-    preprocess.ir_version = net.ir_version = min(preprocess.ir_version, net.ir_version)
-    keep = {"rename_inputs": False, "rename_outputs": False}
-    model = compose.merge_models(
-        compose.add_prefix(preprocess, "pre/", **keep),
-        compose.add_prefix(net, "net/", **keep),
-        io_map=[(PIXELS_NAME, PIXELS_NAME)],
-    )
-    opsets: dict[str, int] = {}  # merge_models lists each graph's opset imports: one per domain is the valid form
-    for imp in model.opset_import:
-        opsets[imp.domain] = max(opsets.get(imp.domain, 0), imp.version)
-    del model.opset_import[:]
-    model.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items())
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(out_dir / "model.onnx"))
-    (out_dir / "network.onnx").unlink()
 
 
 @torch.inference_mode()
@@ -395,29 +111,6 @@ def reference_outputs(
         batch = torch.from_numpy(pixels[start : start + 8]).float() / 255.0
         probs.append(classifier((batch - mean) / std).numpy())
     return pixels, np.concatenate(probs).astype(np.float32)
-
-
-def photo_pixel_set(photos: list[np.ndarray], crop: int) -> list[np.ndarray]:
-    """The raw-pixel set from decoded photos: two groups of 8 same-size centre crops first (the
-    batch-8 checks: 1.25 x and 1.75 x the crop size, from the photos large enough), then every
-    photo as it is (batch 1)."""
-    images: list[np.ndarray] = []
-    for side in (int(crop * 1.25), int(crop * 1.75)):
-        large = [p for p in photos if min(p.shape[:2]) >= side][:8]
-        if len(large) == 8:
-            for p in large:
-                top, left = (p.shape[0] - side) // 2, (p.shape[1] - side) // 2
-                images.append(np.ascontiguousarray(p[top : top + side, left : left + side]))
-    return images + photos
-
-
-def reference_decode(data: bytes) -> np.ndarray:
-    """The reference decode of a file: Pillow, every pixel, EXIF orientation applied, RGB. Written
-    apart from the server's decoder (kernel/images.py), which the gate checks against it."""
-    from PIL import Image, ImageOps
-
-    with Image.open(io.BytesIO(data)) as image:
-        return np.array(ImageOps.exif_transpose(image).convert("RGB"))
 
 
 @torch.inference_mode()
@@ -486,14 +179,6 @@ def choose_decode(
     return {"decode": "exact", "decode_min_side": 0}, metrics, np.zeros(len(files), dtype=np.float32)
 
 
-def reference_decode_size(data: bytes) -> int:
-    """Pixels in the file (from its header)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        return int(image.size[0] * image.size[1])
-
-
 def _classifier(network: nn.Module, crop: int) -> tuple[Classifier, int]:
     """The network followed by softmax, and how many classes it tells apart (one probe)."""
     classifier = Classifier(network).eval()
@@ -506,71 +191,13 @@ def _export(spec: ExportSpec, pre: dict[str, Any], classifier: Classifier, out_d
     """model.onnx and preprocess.onnx (`export_graphs`); any failure is one ExportError line."""
     log.info("export: %s to ONNX (opset %d) with preprocessing in the graph", spec.source, spec.opset)
     try:
-        export_graphs(pre, classifier, out_dir, spec.opset)
+        export_graphs(pre, classifier, OUTPUT_NAME, out_dir, spec.opset)
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"cannot export {spec.source} to ONNX: {' '.join(str(exc).split())[:300]}") from None
 
 
-@dataclass(frozen=True)
-class _ValidationSet:
-    """What the reference runs on: raw-pixel images (the graph's preprocessing against
-    torchvision's) and encoded files (the server's decode), each file's name, format and
-    (width, height), and `raw`: how the raw images travel in reference.npz."""
-
-    images: list[np.ndarray]
-    files: list[bytes]
-    names: list[str]
-    formats: list[str]
-    sizes: list[tuple[int, int]]
-    raw: dict[str, Any]
-
-
-def _generated_validation_set() -> _ValidationSet:
-    """The generated images and files; the images travel as their specs (rendered again where
-    they are needed)."""
-    specs = validation_images()
-    encoded = encoded_validation_images()
-    validation = _ValidationSet(
-        images=[render_image(s) for s in specs],
-        files=[encode_validation_image(s) for s in encoded],
-        names=[s.name for s in encoded],
-        formats=[s.format for s in encoded],
-        sizes=[(s.width, s.height) for s in encoded],
-        raw={
-            "heights": np.array([s.height for s in specs]),
-            "widths": np.array([s.width for s in specs]),
-            "kinds": np.array([s.kind for s in specs]),
-            "seeds": np.array([s.seed for s in specs]),
-        },
-    )
-    log.info(
-        "export: PyTorch reference outputs on %d generated images and %d files",
-        len(validation.images),
-        len(validation.files),
-    )
-    return validation
-
-
-def _photo_validation_set(photos: list[tuple[str, bytes]], crop: int, where: str) -> _ValidationSet:
-    """The user's photos (read from `where`) as files, and `photo_pixel_set` of their reference
-    decodes as images, which travel as lossless PNGs."""
-    files = [data for _, data in photos]
-    decoded = [reference_decode(f) for f in files]
-    images = photo_pixel_set(decoded, crop)
-    raw_offsets, raw_data = pack_files([encode_png(im) for im in images])
-    log.info("export: PyTorch reference outputs on %d photos (%s)", len(files), where)
-    return _ValidationSet(
-        images=images,
-        files=files,
-        names=[name for name, _ in photos],
-        formats=[_format(f) for f in files],
-        sizes=[(d.shape[1], d.shape[0]) for d in decoded],
-        raw={"raw_offsets": raw_offsets, "raw_data": raw_data},
-    )
-
-
 def _write_reference(
-    classifier: Classifier, pre: dict[str, Any], validation: _ValidationSet, out_dir: Path
+    classifier: Classifier, pre: dict[str, Any], validation: ValidationSet, out_dir: Path
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """reference.npz: PyTorch's probabilities of the raw images (through torchvision's
     transforms) and of the files (decoded by Pillow), and the server's default decode chosen on
@@ -624,23 +251,6 @@ def _torch_latency(classifier: Classifier, pre: dict[str, Any]) -> dict[str, dic
     return torch_latency
 
 
-def _preprocessing_settings(pre: dict[str, Any], decode: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's preprocessing section: what the graph takes and does, and the decode."""
-    return {
-        "input_dtype": "uint8",
-        "layout": "NHWC",
-        "value_range": [0, 255],
-        "color": "RGB",
-        "resize_size": pre["resize_size"],
-        "crop_size": pre["crop_size"],
-        "interpolation": pre["interpolation"],
-        "antialias": True,
-        "mean": list(pre["mean"]),
-        "std": list(pre["std"]),
-        **decode,
-    }
-
-
 def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a torchvision model name) into `out_dir`; return what was written."""
     opts = spec.options_as(ImageOptions)
@@ -663,9 +273,9 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     graph = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
 
     if photos is None:
-        validation = _generated_validation_set()
+        validation = generated_validation_set()
     else:
-        validation = _photo_validation_set(photos, pre["crop_size"], str(opts.validation_images))
+        validation = photo_validation_set(photos, pre["crop_size"], str(opts.validation_images))
     decode, decode_metrics = _write_reference(classifier, pre, validation, out_dir)
     if calibration is not None:
         _write_calibration(calibration, out_dir)
@@ -689,16 +299,9 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         },
         torch_latency=torch_latency,
         versions={"torch": torch.__version__, "torchvision": torchvision.__version__, "onnx": onnx.__version__},
-        task_settings={"preprocessing": _preprocessing_settings(pre, decode), "labels": labels},
+        task_settings={"preprocessing": preprocessing_settings(pre, decode), "labels": labels},
         extra_files=[],
     )
-
-
-def _format(data: bytes) -> str:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        return str(image.format)
 
 
 def _describe_decode(decode: dict[str, Any]) -> str:

@@ -49,8 +49,9 @@ class TaskFamily:
     resolve_source: Callable[[str], tuple[str, str]]  # user's --model -> (source, default bundle name)
     export: Callable[[ExportSpec, Path], ExportResult]
     thresholds: dict[str, ParityThresholds]  # default gate per precision
-    check_signature: Callable[[Any], list[str]]  # an ORT session's inputs/outputs against the contract
-    compare: Callable[[Any, Any, Path], Comparison]  # (session, reference npz, export dir)
+    # (session, reference npz, export dir); the graph's signature is checked before, against the
+    # contract's declaration (ortpack.kernel.contracts.tensors)
+    compare: Callable[[Any, Any, Path], Comparison]
     bench_feeds: Callable[[ExportResult], dict[str, tuple[int, dict[str, np.ndarray]]]]
     # (fused fp32 graph, int8 graph to write, export, export dir, pinned recipe or None): the int8
     # recipe, which may read the export (its model_type, its calibration data); may return what it
@@ -63,6 +64,7 @@ class TaskFamily:
     fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
     # the int8 recipes a build may pin by name (components/core/recipes.py; empty: none)
     int8_recipes: tuple[str, ...] = ()
-    # its outputs are vectors an index stores: `ortpack bundle diff` and the pipeline's baseline
-    # check (components/core/compat.py) apply
-    embedding_space: bool = False
+    # a task with an embedding space (its contract's declaration): the inputs `ortpack bundle diff`
+    # and the pipeline's baseline check (components/core/compat.py) search with by default,
+    # () -> (queries, documents)
+    retrieval_set: Callable[[], tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None

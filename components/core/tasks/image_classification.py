@@ -23,14 +23,14 @@ import numpy as np
 from ortpack.components.core.recipes import STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from ortpack.kernel.contracts.image_classification import CONTRACT
+from ortpack.kernel.contracts.image_classification import CONTRACT, OUTPUT
+from ortpack.kernel.engine import as_items
 from ortpack.kernel.gates import decisive_rows, probability_metrics, topk_overlap
+from ortpack.kernel.probe import Probe
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
     from ortpack.components.core.specs import ExportSpec
-    from ortpack.kernel.probe import Probe
-
 log = logging.getLogger("ortpack.optimize")
 
 PROBE_IMAGES = 16
@@ -66,18 +66,6 @@ def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
     from ortpack.components.core.exporters.image_classification import export_image_classifier
 
     return export_image_classifier(spec, out_dir)
-
-
-def check_signature(session: Any) -> list[str]:
-    misses = []
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if len(inputs) != 1 or inputs[0].name != "images" or inputs[0].type != "tensor(uint8)":
-        misses.append(f"inputs are {[(i.name, i.type) for i in inputs]}, expected images uint8")
-    elif len(inputs[0].shape) != 4 or inputs[0].shape[3] != 3 or any(isinstance(d, int) for d in inputs[0].shape[:3]):
-        misses.append(f"input images has shape {inputs[0].shape}, expected [batch, height, width, 3]")
-    if len(outputs) != 1 or outputs[0].name != "probabilities" or outputs[0].type != "tensor(float)":
-        misses.append(f"outputs are {[(o.name, o.type) for o in outputs]}, expected probabilities float32")
-    return misses
 
 
 def _pixel_diff(images: list[np.ndarray], ref: Any, export_dir: Path) -> dict[str, float]:
@@ -285,7 +273,6 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     parity gate judged it on the whole set). Small files only: the probe travels in the bundle;
     decisive ones where there are enough."""
     from ortpack.components.core.validation_data import unpack_files
-    from ortpack.kernel.probe import Probe
 
     side = int(export.task_settings["preprocessing"].get("decode_min_side", 0))
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
@@ -304,7 +291,9 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     same = [i for i in small if i not in scaled]
     picked = same[:: max(1, len(same) // (PROBE_IMAGES - len(reduced)))][: PROBE_IMAGES - len(reduced)]
     picked = sorted(picked + reduced)
-    return Probe(task=export.task, inputs=[files[i] for i in picked], outputs=outputs[picked])
+    return Probe(
+        task=export.task, kind="files", inputs=[files[i] for i in picked], outputs=as_items(OUTPUT, outputs[picked])
+    )
 
 
 def _prob_gate(thresholds: dict[str, float]) -> float | None:
@@ -317,7 +306,6 @@ FAMILY = TaskFamily(
     resolve_source=resolve_source,
     export=export,
     thresholds=THRESHOLDS,
-    check_signature=check_signature,
     compare=compare,
     bench_feeds=bench_feeds,
     quantize_int8=quantize_int8,

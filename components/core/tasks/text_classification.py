@@ -20,13 +20,13 @@ from ortpack.components.core.recipes import dynamic_recipe_names
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.kernel.contracts.text_classification import CONTRACT
+from ortpack.kernel.engine import as_items
 from ortpack.kernel.gates import probability_metrics, rank_agreement, topk_overlap
+from ortpack.kernel.probe import Probe
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
     from ortpack.components.core.specs import ExportSpec
-    from ortpack.kernel.probe import Probe
-
 PROBE_ITEMS = 48
 
 # top-1 agreement is gated for classifiers, rank agreement for cross-encoders (each metric is
@@ -44,19 +44,6 @@ def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
     from ortpack.components.core.exporters.text_classification import export_text_classifier
 
     return export_text_classifier(spec, out_dir)
-
-
-def check_signature(session: Any) -> list[str]:
-    misses = []
-    for spec in session.get_inputs():
-        if spec.type != "tensor(int64)" or len(spec.shape) != 2 or any(isinstance(d, int) for d in spec.shape):
-            misses.append(f"input {spec.name} is {spec.type} {spec.shape}, expected int64 [batch, sequence]")
-    outputs = session.get_outputs()
-    if len(outputs) != 1 or outputs[0].name not in ("probabilities", "scores"):
-        misses.append(f"outputs are {[o.name for o in outputs]}, expected ['probabilities'] or ['scores']")
-    elif outputs[0].type != "tensor(float)" or isinstance(outputs[0].shape[0], int):
-        misses.append(f"output {outputs[0].name} is {outputs[0].type} {outputs[0].shape}, expected float32 [batch, n]")
-    return misses
 
 
 def _values(reference: np.ndarray, candidate: np.ndarray, groups: np.ndarray | None) -> dict[str, float]:
@@ -112,19 +99,20 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """Classifiers: 48 varied texts (as text-embedding picks them). Cross-encoders: whole queries
     (all their documents, so rank agreement is measurable), 48 pairs."""
-    from ortpack.kernel.probe import Probe
-
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         texts = [str(t) for t in ref["texts"]]
         outputs = ref["outputs"]
+        name = export.signature().outputs[0].name
         if "texts_pair" not in ref:
             picked = text.select_indices(texts, ref["lengths"], PROBE_ITEMS)
-            return Probe(task=export.task, inputs=[texts[i] for i in picked], outputs=outputs[picked])
+            inputs = [texts[i] for i in picked]
+            return Probe(task=export.task, kind="texts", inputs=inputs, outputs=as_items(name, outputs[picked]))
         pairs = [str(t) for t in ref["texts_pair"]]
         groups = ref["groups"]
         chosen = np.unique(groups)[:: max(1, len(np.unique(groups)) // (PROBE_ITEMS // 8))][: PROBE_ITEMS // 8]
         rows = [i for i in range(len(groups)) if groups[i] in set(chosen.tolist())]
-        return Probe(task=export.task, inputs=[(texts[i], pairs[i]) for i in rows], outputs=outputs[rows])
+        pairs_in = [(texts[i], pairs[i]) for i in rows]
+        return Probe(task=export.task, kind="pairs", inputs=pairs_in, outputs=as_items(name, outputs[rows]))
 
 
 def _prob_gate(thresholds: dict[str, float]) -> float | None:
@@ -137,7 +125,6 @@ FAMILY = TaskFamily(
     resolve_source=text.resolve_source,
     export=export,
     thresholds=THRESHOLDS,
-    check_signature=check_signature,
     compare=compare,
     bench_feeds=text.bench_feeds,
     quantize_int8=text.quantize_int8_fixed,

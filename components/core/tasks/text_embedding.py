@@ -16,15 +16,14 @@ import numpy as np
 from ortpack.components.core.recipes import dynamic_recipe_names
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from ortpack.kernel.contracts.text_embedding import CONTRACT
+from ortpack.kernel.contracts.text_embedding import CONTRACT, OUTPUT
+from ortpack.kernel.engine import as_items, stack
 from ortpack.kernel.gates import cosine_rows, neighbour_overlap
+from ortpack.kernel.probe import Probe
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
     from ortpack.components.core.specs import ExportSpec
-    from ortpack.kernel.probe import Probe
-
-OUTPUT = "sentence_embedding"
 PADDED_BATCH = 32
 PROBE_TEXTS = 48
 
@@ -48,21 +47,6 @@ def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
     from ortpack.components.core.exporters.text_embedding import export_text_embedding
 
     return export_text_embedding(spec, out_dir)
-
-
-def check_signature(session: Any) -> list[str]:
-    misses = []
-    for spec in session.get_inputs():
-        if spec.type != "tensor(int64)":
-            misses.append(f"input {spec.name} is {spec.type}, expected tensor(int64)")
-        if len(spec.shape) != 2 or any(isinstance(d, int) for d in spec.shape):
-            misses.append(f"input {spec.name} has shape {spec.shape}, expected two dynamic axes")
-    outputs = session.get_outputs()
-    if len(outputs) != 1 or outputs[0].name != OUTPUT:
-        misses.append(f"outputs are {[o.name for o in outputs]}, expected ['{OUTPUT}']")
-    elif outputs[0].type != "tensor(float)" or isinstance(outputs[0].shape[0], int):
-        misses.append(f"output {OUTPUT} is {outputs[0].type} {outputs[0].shape}, expected float32 [batch, dim]")
-    return misses
 
 
 def _run(session: Any, ref: Any, input_names: list[str], batch: int) -> np.ndarray:
@@ -215,22 +199,17 @@ class _SearchSet:
 
     @classmethod
     def build(cls, fp32: Path, export: ExportResult, export_dir: Path) -> _SearchSet:
+        from ortpack.components.core.parity import export_engine
         from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
-        from ortpack.kernel.contracts import TextSettings
-        from ortpack.serving.text import probe_prepare
 
-        settings = export.settings()
-        if not isinstance(settings, TextSettings):
-            raise TypeError(f"the int8 search embeds text; this export is {export.task}")
-        tokenizer = settings.tokenizer.file
-        prepare = probe_prepare(settings, {tokenizer: (export_dir / tokenizer).read_bytes()})
         probe = select_probe(export, export_dir)
         queries = list(dict.fromkeys(t for t in retrieval_queries() if t.strip()))[:SEARCH_QUERIES]
         documents = [t for t in dict.fromkeys(validation_sentences()) if t.strip() and t not in queries]
         texts = queries + documents[:SEARCH_DOCUMENTS]
-        payloads = prepare([str(t) for t in probe.inputs] + texts)
+        # the engine tokenizes as a serving node does (no session: only its tokenizer is used here)
+        payloads = export_engine(export, export_dir, None).probe_payloads([str(t) for t in probe.inputs] + texts)
         fp32_rows = _embed_each(_candidate_session(fp32), payloads[len(probe.inputs) :])
-        reference = np.concatenate([probe.outputs.astype(np.float32), fp32_rows])
+        reference = np.concatenate([stack(probe.outputs, OUTPUT).astype(np.float32), fp32_rows])
         return cls(payloads, reference, len(probe.inputs), len(queries))
 
     def judge(self, path: Path) -> Any:
@@ -325,12 +304,18 @@ def select_indices(texts: list[str], lengths: np.ndarray, count: int = PROBE_TEX
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
-    from ortpack.kernel.probe import Probe
-
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         texts = [str(t) for t in ref["texts"]]
         picked = select_indices(texts, ref["lengths"])
-        return Probe(task=export.task, inputs=[texts[i] for i in picked], outputs=ref["outputs"][picked])
+        rows = as_items(OUTPUT, ref["outputs"][picked])
+        return Probe(task=export.task, kind="texts", inputs=[texts[i] for i in picked], outputs=rows)
+
+
+def retrieval_set() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """400 shipped support-desk questions searching the shipped validation sentences."""
+    from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
+
+    return retrieval_queries(), validation_sentences()
 
 
 def _cosine_gate(thresholds: dict[str, float]) -> float | None:
@@ -344,14 +329,13 @@ FAMILY = TaskFamily(
     resolve_source=resolve_source,
     export=export,
     thresholds=THRESHOLDS,
-    check_signature=check_signature,
     compare=compare,
     bench_feeds=bench_feeds,
     quantize_int8=quantize_int8,
     int8_recipes=dynamic_recipe_names(),
     select_probe=select_probe,
     fuse=fuse,
-    embedding_space=True,
+    retrieval_set=retrieval_set,
     report=ReportSpec(
         columns=(
             ("max|diff|", "max_abs_diff", ".2g"),

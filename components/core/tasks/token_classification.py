@@ -19,15 +19,14 @@ import ortpack.components.core.tasks.text_embedding as text
 from ortpack.components.core.recipes import dynamic_recipe_names
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from ortpack.kernel.contracts.token_classification import CONTRACT, PAD, token_metrics
+from ortpack.kernel.contracts.token_classification import CONTRACT, OUTPUT, PAD, token_metrics
+from ortpack.kernel.engine import as_items
+from ortpack.kernel.probe import Probe
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
     from ortpack.components.core.specs import ExportSpec
-    from ortpack.kernel.probe import Probe
-
 PROBE_ITEMS = 48
-OUTPUT = "probabilities"
 
 # fp32 is near-exact; int8 is set from a trained MiniLM trunk with a seeded head and tiny random
 # models (no trained token classifier ships on the package index): tighten it for your model
@@ -43,19 +42,6 @@ def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
     from ortpack.components.core.exporters.token_classification import export_token_classifier
 
     return export_token_classifier(spec, out_dir)
-
-
-def check_signature(session: Any) -> list[str]:
-    misses = []
-    for spec in session.get_inputs():
-        if spec.type != "tensor(int64)" or len(spec.shape) != 2 or any(isinstance(d, int) for d in spec.shape):
-            misses.append(f"input {spec.name} is {spec.type} {spec.shape}, expected int64 [batch, sequence]")
-    outputs = session.get_outputs()
-    if len(outputs) != 1 or outputs[0].name != OUTPUT:
-        misses.append(f"outputs are {[o.name for o in outputs]}, expected ['{OUTPUT}']")
-    elif outputs[0].type != "tensor(float)" or len(outputs[0].shape) != 3 or isinstance(outputs[0].shape[1], int):
-        misses.append(f"output {OUTPUT} is {outputs[0].type} {outputs[0].shape}, expected float32 [batch, sequence, n]")
-    return misses
 
 
 def _run(session: Any, ref: Any, input_names: list[str], batch: int, width: int) -> np.ndarray:
@@ -111,12 +97,11 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """48 varied texts (as text-embedding picks them) with their per-token probabilities."""
-    from ortpack.kernel.probe import Probe
-
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
         texts = [str(t) for t in ref["texts"]]
         picked = text.select_indices(texts, ref["lengths"], PROBE_ITEMS)
-        return Probe(task=export.task, inputs=[texts[i] for i in picked], outputs=ref["outputs"][picked])
+        rows = as_items(OUTPUT, ref["outputs"][picked])
+        return Probe(task=export.task, kind="texts", inputs=[texts[i] for i in picked], outputs=rows)
 
 
 def _prob_gate(thresholds: dict[str, float]) -> float | None:
@@ -129,7 +114,6 @@ FAMILY = TaskFamily(
     resolve_source=text.resolve_source,
     export=export,
     thresholds=THRESHOLDS,
-    check_signature=check_signature,
     compare=compare,
     bench_feeds=text.bench_feeds,
     quantize_int8=text.quantize_int8_fixed,
