@@ -106,7 +106,17 @@ def main() -> int:
     args = parser.parse_args()
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
     port = free_port()
-    command = [sys.executable, "-m", "ortpack.serving", "--bundle", args.bundle, "--port", str(port), "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "ortpack.serving",
+        "--bundle",
+        args.bundle,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     with started_server("ortpack", command, {"PYTHONPATH": args.server_root}, port, cwd=Path(args.server_root)) as (
         url,
         _,

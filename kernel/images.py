@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from ortpack.kernel.contracts.image_classification import CONTRACT
 from ortpack.kernel.errors import InputError, InputTooLargeError, UnsupportedInputError
+from ortpack.kernel.gates import gate
 
 FORMATS = ("JPEG", "PNG", "WEBP")
 DECODE_MODES = ("exact", "reduced")
@@ -143,8 +145,6 @@ def reduced_decode_evidence(values: Mapping[str, float], thresholds: Mapping[str
     """Why a variant's parity record does not validate reduced decoding at `reduce_to` (empty: it
     does). The record must hold the reduced path measured at that size, within `DECODE_GATE`
     against the exact decode and within the variant's own top-1/top-5 gate end to end."""
-    from ortpack.kernel.contracts.image_classification import CONTRACT
-    from ortpack.kernel.gates import gate
 
     measured = values.get("decode.reduced.min_side")
     if measured is None:

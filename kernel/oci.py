@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ortpack.kernel.bundle import BUNDLE_RULES, BundleError
+from ortpack.kernel.bundle import BUNDLE_RULES, BundleError, sha256_file, verify_bundle
 from ortpack.kernel.registry import (
     LAYER_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -76,7 +76,6 @@ def push_bundle(bundle_dir: Path, reference: str) -> str:
     The bundle is verified first (`verify_bundle`); the registry checks each upload against its
     digest. Without a tag the manifest is pushed by digest only.
     """
-    from ortpack.kernel.bundle import verify_bundle
 
     bundle_dir = Path(bundle_dir)
     target = OciReference.parse(reference)
@@ -96,7 +95,6 @@ def push_bundle(bundle_dir: Path, reference: str) -> str:
 
 def _bundle_layers(bundle_dir: Path, listed: Mapping[str, Any]) -> list[Layer]:
     """One layer per regular file; digests from manifest.json where listed (verified just before), else hashed."""
-    from ortpack.kernel.bundle import sha256_file
 
     layers: list[Layer] = []
     for dirpath, dirnames, filenames in os.walk(bundle_dir):
@@ -162,7 +160,6 @@ def push_modelcar(bundle_dir: Path, reference: str, *, base: str | None = None) 
     """Push `bundle_dir` as a KServe modelcar image (files under /models) to `oci://HOST/REPO:TAG`;
     return the pinned reference. `base`: `oci://...` of an image with a shell (its layers first,
     its config kept: the sidecar runs `sh -c ...`); without one the image holds only /models."""
-    from ortpack.kernel.bundle import verify_bundle
 
     bundle_dir = Path(bundle_dir)
     target = OciReference.parse(reference)

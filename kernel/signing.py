@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortpack.kernel.bundle import BundleError
+from ortpack.kernel.bundle import BundleError, sha256_file, verify_bundle
 
 SIGNATURE_NAME = "model.sig"
 SUPPORTED_CURVES = ("secp256r1", "secp384r1", "secp521r1")
@@ -72,7 +72,6 @@ def sign_bundle(bundle_dir: Path, private_key_path: Path, *, password: str | Non
     is signed. An existing `model.sig` is replaced. Raises `BundleError` (a `SigningKeyError` for
     an unusable key) with one line.
     """
-    from ortpack.kernel.bundle import verify_bundle
 
     bundle_dir = Path(bundle_dir)
     verify_bundle(bundle_dir)
@@ -231,7 +230,6 @@ def _describe_difference(signed: dict[str, str], bundle_dir: Path, on_disk: list
 
 
 def _sha256(path: Path) -> str:
-    from ortpack.kernel.bundle import sha256_file
 
     return sha256_file(path)
 

@@ -72,6 +72,7 @@ from ortpack.kernel.fetch import (
     listing_version,
     uri_scheme,
 )
+from ortpack.kernel.oci import OciReference, pull_bundle
 
 # How a bundle fetch words its refusals (the transport is ortpack.kernel.fetch's, shared with the
 # pipeline's model checkpoints)
@@ -257,7 +258,6 @@ def _fetch_oci(uri: str, cache_dir: Path) -> Fetched:
     """Pull an OCI artifact (ortpack.kernel.oci checks the manifest digest when pinned and every layer's
     digest); the cache entry is named by the manifest digest, so a pinned reference that an
     earlier start verified is not pulled again."""
-    from ortpack.kernel.oci import OciReference, pull_bundle
 
     pinned = OciReference.parse(uri).digest
     if pinned:

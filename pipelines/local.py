@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ortpack.components.core import errors
+from ortpack.components.core.artifacts import ExportResult, VariantRecord
 from ortpack.components.core.errors import (
     InvalidSpecError,
     NoVariantPassedError,
@@ -33,6 +35,8 @@ from ortpack.components.core.errors import (
     UnsupportedHereError,
     one_line,
 )
+from ortpack.components.core.package import VERDICT_FILE, Verdict
+from ortpack.kernel.bundle import replace_dir, verify_bundle
 
 log = logging.getLogger("ortpack.run")
 
@@ -107,7 +111,6 @@ def last_error(log_file: Path) -> tuple[str, str] | None:
 
 def _is_refusal(error_type: str) -> bool:
     """True when a step's error type is one of ortpack's input errors (a ValueError)."""
-    from ortpack.components.core import errors
 
     found = getattr(errors, error_type, None)
     return isinstance(found, type) and issubclass(found, ValueError)
@@ -255,8 +258,6 @@ def run_pipeline_locally(
     kfp.local runner (default: the subprocess runner in this environment)."""
     from kfp import local
 
-    from ortpack.kernel.bundle import replace_dir, verify_bundle
-
     pipeline_root = Path(pipeline_root).resolve()
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = set(pipeline_root.iterdir())
@@ -313,7 +314,6 @@ def run_pipeline_locally(
 
 def load_run_records(run_dir: Path) -> tuple[Any, list[Any]]:
     """The export record and every measured variant of a local run (for the summary table)."""
-    from ortpack.components.core.artifacts import ExportResult, VariantRecord
 
     exports = sorted(Path(run_dir).glob("**/export-model/exported"))
     export = ExportResult.load(exports[-1])
@@ -323,7 +323,6 @@ def load_run_records(run_dir: Path) -> tuple[Any, list[Any]]:
 
 def run_verdict(run_dir: Path) -> Any:
     """The package step's verdict (ortpack.components.core.package.Verdict) of a local run, if it wrote one."""
-    from ortpack.components.core.package import VERDICT_FILE, Verdict
 
     found = sorted(Path(run_dir).glob(f"**/package-bundle/verdict/{VERDICT_FILE}"))
     return Verdict.load(found[-1].parent) if found else None

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortpack import __version__
 from ortpack.components.core.errors import OrtpackError, one_line
+from ortpack.components.core.sources import ARCHIVE_SUFFIXES, s3_client, s3_errors, uri_scheme
+from ortpack.kernel.registry import OciReference, open_client
 
 log = logging.getLogger("ortpack.submit")
 
@@ -107,8 +110,6 @@ def _quiet() -> Any:
 
 def version_name(package: Path) -> str:
     """The pipeline version name of a compiled YAML: ortpack's version and the YAML's sha256."""
-    from ortpack import __version__
-
     return f"{__version__}-{hashlib.sha256(Path(package).read_bytes()).hexdigest()[:12]}"
 
 
@@ -225,8 +226,6 @@ def find_bundle(pipeline_root: str, pipeline_name: str, run_id: str) -> BundleLo
     if parts.scheme not in ("s3", "minio"):
         return BundleLocation(uri=folder, note=f"listing {parts.scheme}:// artifact stores is not supported")
     try:
-        from ortpack.components.core.sources import s3_client, s3_errors
-
         client = s3_client(folder)
         prefix = parts.path.lstrip("/")
         with s3_errors(folder):
@@ -250,11 +249,8 @@ def find_bundle(pipeline_root: str, pipeline_name: str, run_id: str) -> BundleLo
 def pinned_publish_uri(publish_to: str, name: str, version: str) -> str:
     """The publish step's pinned URI for a run with this version: an OCI tag resolved to its
     digest by asking the registry; an S3 key as the step names it (`NAME-VERSION.tar`)."""
-    from ortpack.components.core.sources import ARCHIVE_SUFFIXES, uri_scheme
 
     if uri_scheme(publish_to) == "oci":
-        from ortpack.kernel.registry import OciReference, open_client
-
         ref = OciReference.parse(publish_to)
         if not ref.tag and not ref.digest:
             ref = OciReference.parse(f"{publish_to}:{version}")

@@ -15,6 +15,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ortpack import __version__
+from ortpack.kernel.policy import PolicyError, parse_requirements, split_expressions
+
 
 class ConfigError(ValueError):
     """A bad option; the server exits with its one-line message."""
@@ -106,7 +109,6 @@ class ServeConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        from ortpack.kernel.policy import PolicyError, parse_requirements
 
         try:
             parse_requirements(self.require)
@@ -221,8 +223,6 @@ _DEFAULT_TEXT = {
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    from ortpack import __version__
-
     try:
         ort = version("onnxruntime")
     except PackageNotFoundError:
@@ -285,8 +285,6 @@ def _converter(name: str) -> Callable[[str], Any]:
     if name == "buckets":
         return _buckets
     if name == "require":
-        from ortpack.kernel.policy import split_expressions
-
         return lambda text: tuple(split_expressions(text))
     default = next(f.default for f in fields(ServeConfig) if f.name == name)
     converters: dict[type, Callable[[str], Any]] = {int: int, float: float, bool: _bool}

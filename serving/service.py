@@ -30,6 +30,7 @@ from ortpack.kernel.contracts import get_contract
 from ortpack.kernel.engine import Engine, EngineOptions, Item
 from ortpack.kernel.engines import get_engine, open_engine
 from ortpack.kernel.hardware import HardwareInfo, this_machine
+from ortpack.kernel.policy import admit, parse_requirements
 from ortpack.kernel.probe import Probe, ProbeResult, check_probe
 from ortpack.kernel.runtime import serving_session
 from ortpack.kernel.selection import candidate_variants
@@ -281,7 +282,6 @@ def load_service(
 def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeConfig) -> dict[str, list[str]]:
     """The candidates --require excludes (id -> misses), one warning line each; checked against
     the manifest alone, before any model is read. Raises PolicyRefusedError when none is left."""
-    from ortpack.kernel.policy import admit, parse_requirements
 
     policy = parse_requirements(config.require)
     if not policy:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -127,3 +128,137 @@ def test_no_import_circle(package: str) -> None:
     """Each package's import map is a tree of layers: a task plugin imports the contract, never
     the registry that imports it back; a leaf never consults a registry."""
     assert _circles(_import_graph(package)) == []
+
+
+# ---------------------------------------------------------------------------- the floors
+
+FLOORS = ("kernel", "components", "serving", "pipelines")
+# Which floors each floor may import: the kernel stands alone, the build and the serving side stand
+# beside each other on it, the pipeline and the CLI on top of all three
+MAY_IMPORT = {
+    "kernel": {"kernel"},
+    "components": {"kernel", "components"},
+    "serving": {"kernel", "serving"},
+    "pipelines": set(FLOORS),
+}
+
+
+def _imports(path: Any) -> list[tuple[int, str, bool]]:
+    """(line, module, inside a function) of every absolute import statement of `path`, those under
+    TYPE_CHECKING included (they say what a module depends on too)."""
+    import ast
+
+    found: list[tuple[int, str, bool]] = []
+
+    def visit(node: Any, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, True)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                found.append((child.lineno, child.module, in_function))
+            elif isinstance(child, ast.Import):
+                found.extend((child.lineno, alias.name, in_function) for alias in child.names)
+            else:
+                visit(child, in_function)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def _modules(floor: str) -> dict[str, Any]:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return {str(p.relative_to(root)): p for p in (root / floor).rglob("*.py")}
+
+
+@pytest.mark.parametrize("floor", FLOORS)
+def test_each_floor_imports_only_the_floors_under_it(floor: str) -> None:
+    """kernel -> nothing of ortpack's but itself; components and serving -> the kernel (never each
+    other); pipelines -> all three."""
+    offenders = []
+    for rel, path in _modules(floor).items():
+        for line, module, _ in _imports(path):
+            parts = module.split(".")
+            if parts[0] == "ortpack" and len(parts) > 1 and parts[1] in FLOORS and parts[1] not in MAY_IMPORT[floor]:
+                offenders.append(f"{rel}:{line}: {module}")
+            if parts[0] in FLOORS:  # the floors are only ever imported as ortpack.<floor>
+                offenders.append(f"{rel}:{line}: {module} (import it as ortpack.{module})")
+    assert not offenders, f"{floor} imports what it must not:\n" + "\n".join(offenders)
+
+
+# Libraries worth importing only when a function needs them: heavy to import (torch, onnxruntime,
+# kfp...) or optional extras (boto3, oras, model-signing, Pillow...).
+HEAVY = {
+    "torch", "torchvision", "transformers", "onnxruntime", "onnx", "onnxscript", "kfp", "kfp_kubernetes",
+    "matplotlib", "PIL", "simplejpeg", "tokenizers", "safetensors", "boto3", "botocore", "google", "oras",
+    "requests", "model_signing", "docker", "psutil", "uvicorn", "starlette", "prometheus_client", "yaml",
+}  # fmt: skip
+# Where the project's own modules are imported inside functions, and why
+INNER_IMPORTS = {
+    # a KFP component's body is its source code, run alone in the component's container
+    **{
+        f"components/{name}.py": "KFP component"
+        for name in ("export", "optimize", "validate", "benchmark", "package", "source")
+    },
+    # the start-up timeline measures the imports as phases and overlaps them with verification
+    "serving/__main__.py": "start-up timeline",
+}  # fmt: skip
+
+
+def _heavy(module: str, tops: dict[str, set[str]], seen: set[str]) -> bool:
+    """Whether importing `module` (one of the project's) imports a heavy library at its top level,
+    itself or through the project's modules it imports there."""
+    if module in seen:
+        return False
+    seen.add(module)
+    for target in tops.get(module, set()):
+        if target.split(".")[0] in HEAVY:
+            return True
+        if target in tops and _heavy(target, tops, seen):
+            return True
+    return False
+
+
+def test_function_level_imports_are_of_heavy_modules_only() -> None:
+    """Imports sit at the top of a module; one inside a function is of a heavy or optional library
+    (HEAVY), or of a project module that imports one at its top (an exporter imports torch), or in
+    a module listed in INNER_IMPORTS with its reason."""
+    modules: dict[str, Any] = {}
+    for floor in FLOORS:
+        for rel, path in _modules(floor).items():
+            name = "ortpack." + rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+            modules[name] = (rel, path)
+    imports = {name: _imports(path) for name, (_, path) in modules.items()}
+
+    def known(target: str) -> str:
+        return target if target in modules else target.rsplit(".", 1)[0]
+
+    tops = {name: {known(t) for _, t, inner in found if not inner} for name, found in imports.items()}
+    offenders = []
+    for name, found in imports.items():
+        rel = modules[name][0]
+        for line, target, inner in found:
+            if not inner or rel in INNER_IMPORTS or target.split(".")[0] != "ortpack":
+                continue
+            if not _heavy(known(target), tops, set()):
+                offenders.append(f"{rel}:{line}: {target}")
+    assert not offenders, "light project modules imported inside functions:\n" + "\n".join(offenders)
+
+
+@pytest.mark.slow
+def test_pip_install_leaves_one_top_level_package(tmp_path: Any) -> None:
+    """The wheel `pip install .` installs holds one top-level import package, ortpack, with its
+    four floors (and the data the build side reads)."""
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp_path)]
+    subprocess.run([*build, str(root)], check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("ortpack-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"ortpack"}
+    floors = {n.split("/")[1] for n in names if n.count("/") >= 2}
+    assert set(FLOORS) <= floors
+    assert "ortpack/components/core/data/validation_sentences.jsonl" in names

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from ortpack.components.core.errors import ParityError
+from ortpack.kernel.bundle import check_task_settings
+from ortpack.kernel.contracts import get_contract
 
 if TYPE_CHECKING:
     from ortpack.kernel.contracts import TaskSettings
@@ -75,13 +77,11 @@ class ExportResult(_Record):
 
     def settings(self) -> TaskSettings:
         """The task section, checked against its task's manifest model (ortpack.kernel.contracts)."""
-        from ortpack.kernel.bundle import check_task_settings
 
         return check_task_settings(self.task, self.task_settings)
 
     def signature(self) -> Signature:
         """The task's tensors for this export (its contract's declaration for its section)."""
-        from ortpack.kernel.contracts import get_contract
 
         return get_contract(self.task).signature(self.settings())
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ortpack.components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult
+from ortpack.components.core.tasks import get_family
 from ortpack.components.core.timing import load_of, measure_interleaved, timed
 from ortpack.kernel.hardware import this_machine
 from ortpack.kernel.runtime import create_session, plan_for
@@ -25,7 +26,6 @@ TORCH_KEYS = ("p50_ms", "p95_ms")
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
     """Per benchmark shape (the ones PyTorch was timed at in the export): batch size and inputs."""
-    from ortpack.components.core.tasks import get_family
 
     return get_family(export.task).bench_feeds(export)
 

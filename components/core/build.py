@@ -24,10 +24,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortpack.components.core.errors import InvalidSpecError
-from ortpack.components.core.specs import BuildSpec, ExportSpec
+from ortpack.components.core.artifacts import (
+    BenchmarkResult,
+    ExportResult,
+    OptimizeResult,
+    ParityReport,
+    VariantRecord,
+    gather_variant,
+)
+from ortpack.components.core.benchmark import benchmark_variant
+from ortpack.components.core.compat import check_baseline
+from ortpack.components.core.errors import InvalidSpecError, NoVariantPassedError, SourceUnreachableError, one_line
+from ortpack.components.core.export import export_model
+from ortpack.components.core.optimize import optimize_model
+from ortpack.components.core.package import Verdict, package_bundle, publish_bundle, sign_written_bundle
+from ortpack.components.core.parity import validate_variant
+from ortpack.components.core.report import write_report
+from ortpack.components.core.sources import (
+    default_name,
+    fetch_source,
+    is_remote,
+    load_credentials,
+    parse_source_versions,
+    tree_digest,
+)
+from ortpack.components.core.specs import BuildSpec, ExportSpec, VariantSpec
 from ortpack.components.core.specs import task_options as task_options_of
-from ortpack.components.core.tasks import check_build_spec, thresholds_for
+from ortpack.components.core.tasks import check_build_spec, resolve_model_source, thresholds_for
+from ortpack.kernel.bundle import MANIFEST_NAME, sha256_file
+from ortpack.kernel.contracts import get_contract, space_tasks
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import (
@@ -128,13 +153,6 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
     `NoVariantPassedError` when every variant misses its gate; `out_dir` is then left untouched
     (the report of the failed build stays in `work_dir` when one was given).
     """
-    from ortpack.components.core.artifacts import VariantRecord
-    from ortpack.components.core.benchmark import benchmark_variant
-    from ortpack.components.core.export import export_model
-    from ortpack.components.core.optimize import optimize_model
-    from ortpack.components.core.package import package_bundle
-    from ortpack.components.core.parity import validate_variant
-    from ortpack.components.core.report import write_report
 
     check_build_spec(spec)  # what the spec cannot check alone (the task's options, recipe, gates)
     out_dir = Path(out_dir)
@@ -183,7 +201,6 @@ class StepOutput:
 
 def kfp_metrics(result: ExportResult | OptimizeResult | ParityReport | BenchmarkResult) -> dict[str, float]:
     """The stable KFP metric names of a step's result (README, "Metrics")."""
-    from ortpack.components.core.artifacts import ExportResult, OptimizeResult
 
     if isinstance(result, ExportResult):
         out = {f"export.{k}": float(v) for k, v in result.metrics.items()}
@@ -199,8 +216,6 @@ def kfp_metrics(result: ExportResult | OptimizeResult | ParityReport | Benchmark
 def fetch_with_retries(uri: str, dest: Path, **options: Any) -> Any:
     """`sources.fetch_source`, tried again when the store cannot be reached (a transient fault:
     `SourceUnreachableError`); anything else (a bad URI, a refused file) fails at once."""
-    from ortpack.components.core.errors import SourceUnreachableError
-    from ortpack.components.core.sources import fetch_source
 
     for attempt in range(1, FETCH_ATTEMPTS + 1):
         try:
@@ -224,17 +239,6 @@ def run_export_step(
 
     `source_versions` is what the resolve step saw (`sources.resolve_source_versions`): hf://
     downloads exactly that commit, and a source that changed since fails."""
-
-    from ortpack.components.core.export import export_model
-    from ortpack.components.core.sources import (
-        default_name,
-        is_remote,
-        load_credentials,
-        parse_source_versions,
-        tree_digest,
-    )
-    from ortpack.components.core.tasks import resolve_model_source
-    from ortpack.kernel.contracts import get_contract
 
     loaded = load_credentials()
     if loaded:
@@ -285,8 +289,6 @@ def run_optimize_step(
 ) -> StepOutput:
     """The optimize step: one variant (target x precision) from the export; `int8_recipe` pins
     an int8 variant's recipe (empty: the task chooses)."""
-    from ortpack.components.core.optimize import optimize_model
-    from ortpack.components.core.specs import VariantSpec
 
     variant = VariantSpec(target=target, precision=precision)
     log.info("optimize %s: building the variant", variant.id)
@@ -313,8 +315,6 @@ def run_validate_step(
 ) -> StepOutput:
     """The validate step: the variant's gate (the task's defaults for its precision, with the
     overrides applied) against the PyTorch reference; `passed` is the verdict."""
-    from ortpack.components.core.artifacts import ExportResult, OptimizeResult
-    from ortpack.components.core.parity import validate_variant
 
     built = OptimizeResult.load(Path(variant_dir))
     task = ExportResult.load(Path(export_dir)).task
@@ -341,8 +341,6 @@ def run_validate_step(
 def run_benchmark_step(export_dir: Path, variant_dir: Path, report_dir: Path, out_dir: Path) -> StepOutput:
     """The benchmark step: gather the variant's graph and records into `out_dir`, then measure it
     (a variant that missed its gate is recorded as skipped, not measured)."""
-    from ortpack.components.core.artifacts import BenchmarkResult, ParityReport, gather_variant
-    from ortpack.components.core.benchmark import benchmark_variant
 
     out = gather_variant(Path(variant_dir), Path(report_dir), Path(out_dir))
     parity = ParityReport.load(out)
@@ -384,15 +382,9 @@ def run_package_step(
     It does not fail when nothing ships (a failed step's outputs are lost on the backend): the
     verdict says so, and the gate step fails the run from it. A baseline that cannot be compared
     fails the step (`InvalidSpecError`, one line)."""
-    from ortpack.components.core.artifacts import ExportResult, VariantRecord
-    from ortpack.components.core.errors import NoVariantPassedError, one_line
-    from ortpack.components.core.package import Verdict, package_bundle, sign_written_bundle
-    from ortpack.components.core.report import write_report
-    from ortpack.kernel.bundle import MANIFEST_NAME, sha256_file
 
     export_dir = Path(export_dir)
     export = ExportResult.load(export_dir)
-    from ortpack.kernel.contracts import get_contract, space_tasks
 
     if baseline_bundle and get_contract(export.task).space is None:  # refused before any other work
         raise InvalidSpecError(
@@ -467,9 +459,6 @@ def _compare_with_baseline(
 ) -> BaselineCheck:
     """Write the bundle to a scratch directory (without its report, which is to hold the verdict)
     and compare it with the baseline; credentials come from the mounted secret, as for the model."""
-    from ortpack.components.core.compat import check_baseline
-    from ortpack.components.core.package import package_bundle
-    from ortpack.components.core.sources import load_credentials
 
     loaded = load_credentials()
     if loaded:
@@ -491,7 +480,6 @@ def _compare_with_baseline(
 def run_gate_step(verdict_dir: Path) -> str:
     """The gate step: fail (NoVariantPassedError, the one-line reason) when no variant passed;
     else return the bundle's version."""
-    from ortpack.components.core.package import Verdict
 
     verdict = Verdict.load(Path(verdict_dir))
     verdict.raise_if_failed()
@@ -507,8 +495,6 @@ def run_gate_step(verdict_dir: Path) -> str:
 def run_publish_step(bundle_dir: Path, destination: str) -> str:
     """The publish step: push the bundle to an OCI registry or upload it as a tar to S3; return the
     pinned URI (credentials from the mounted secret, `sources.load_credentials`)."""
-    from ortpack.components.core.package import publish_bundle
-    from ortpack.components.core.sources import load_credentials
 
     load_credentials()
     pinned = publish_bundle(Path(bundle_dir), destination)

@@ -46,9 +46,16 @@ from typing import Any
 
 import numpy as np
 
-from ortpack.components.core.errors import InvalidSpecError
-from ortpack.kernel.bundle import Manifest, Variant, embedding_space
+from ortpack.components.core.errors import InvalidSpecError, OrtpackError, one_line
+from ortpack.components.core.tasks import get_family
+from ortpack.kernel.bundle import Manifest, Variant, embedding_space, read_verified, verify_bundle
 from ortpack.kernel.contracts import get_contract, space_tasks
+from ortpack.kernel.engine import stack
+from ortpack.kernel.engines import open_engine
+from ortpack.kernel.gates import cosine_rows, neighbour_overlap
+from ortpack.kernel.probe import Probe
+from ortpack.kernel.runtime import create_session, plan_for
+from ortpack.kernel.sources import fetch_bundle
 
 log = logging.getLogger("ortpack.compat")
 
@@ -273,8 +280,6 @@ def check_baseline(
     unreachable, tampered with, not a text-embedding bundle) is one `InvalidSpecError` line."""
     import dataclasses
 
-    from ortpack.components.core.errors import OrtpackError, one_line
-
     if not 0.0 < budget <= 1.0:
         raise InvalidSpecError(f"the compatibility budget must be in (0, 1], got {budget}")
     try:
@@ -292,7 +297,6 @@ def check_baseline(
 def compare_rows(old: np.ndarray, new: np.ndarray, k: int) -> dict[str, float]:
     """Cosine of old and new vectors of the same texts (min/mean), and neighbour agreement@k
     (the share of each text's k nearest neighbours within the set that the new vectors keep)."""
-    from ortpack.kernel.gates import cosine_rows, neighbour_overlap
 
     cos = cosine_rows(old, new)
     return {
@@ -347,8 +351,6 @@ class _Side:
     manifest: Manifest
 
     def probe_inputs(self) -> list[Any]:
-        from ortpack.kernel.bundle import read_verified
-        from ortpack.kernel.probe import Probe
 
         if self.manifest.probe is None:
             return []
@@ -365,8 +367,6 @@ class _Side:
 
 def _open(uri: str, cache: Path) -> _Side:
     """Fetch (ortpack.kernel.sources: a directory is used in place) and verify every file's sha256."""
-    from ortpack.kernel.bundle import verify_bundle
-    from ortpack.kernel.sources import fetch_bundle
 
     cache.mkdir(parents=True, exist_ok=True)
     path = fetch_bundle(uri, cache)
@@ -450,10 +450,6 @@ def _embed(
     between batch 1 and length-sorted batches of 16), the others in cost-sorted batches of
     `BATCH` (batch-invariant, and 1.7x faster on MiniLM fp32); images of one size only share a
     batch. A space embedded already (the same model, tokenizer and settings) is reused."""
-    from ortpack.kernel.bundle import read_verified
-    from ortpack.kernel.engine import stack
-    from ortpack.kernel.engines import open_engine
-    from ortpack.kernel.runtime import create_session, plan_for
 
     space = embedding_space(side.manifest, variant)
     key = space.id if space is not None else f"{side.uri}#{variant.id}"
@@ -524,7 +520,6 @@ def _unique(inputs: Sequence[Any]) -> list[Any]:
 
 def _retrieval_set(task: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The task family's default retrieval set (queries, documents)."""
-    from ortpack.components.core.tasks import get_family
 
     shipped = get_family(task).retrieval_set
     return shipped() if shipped is not None else ((), ())

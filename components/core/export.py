@@ -22,6 +22,9 @@ import numpy as np
 from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError
 from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.tasks import check_export_spec, get_family
+from ortpack.kernel.bundle import BundleError, check_task_settings
+from ortpack.kernel.probe import PROBE_FILE
 
 log = logging.getLogger("ortpack.export")
 
@@ -46,8 +49,6 @@ def output_spread(outputs: np.ndarray) -> float:
 
 def _write_probe(export: ExportResult, out_dir: Path) -> str:
     """Write the task's probe set (kernel/probe.py) into the export; return its path there."""
-    from ortpack.components.core.tasks import get_family
-    from ortpack.kernel.probe import PROBE_FILE
 
     probe = get_family(export.task).select_probe(export, out_dir)
     path = out_dir / PROBE_FILE
@@ -64,8 +65,6 @@ def export_model(
     its record and this adds the probe and the reference's spread, and `source` completes the
     manifest's source record with what the caller knows better: the URI a checkpoint was fetched
     from, its revision)."""
-    from ortpack.components.core.tasks import check_export_spec, get_family
-    from ortpack.kernel.bundle import BundleError, check_task_settings
 
     check_export_spec(spec)  # the task and the options it reads, before any work
     out_dir = Path(out_dir)

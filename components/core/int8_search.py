@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ortpack.components.core.timing import measure_interleaved, timed
+from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
+
 log = logging.getLogger("ortpack.int8")
 
 TIE = 1.10  # latencies within 10 % of the fastest count as equally fast,
@@ -144,8 +147,6 @@ def time_candidates(paths: dict[str, Path], feeds: dict[str, dict[str, Any]]) ->
     is the least disturbed by whatever else runs, and the search compares recipes, not loads."""
     from functools import partial
 
-    from ortpack.components.core.timing import measure_interleaved, timed
-
     sessions = {name: session(path, threads=1) for name, path in paths.items()}
     out: dict[str, dict[str, float]] = {name: {} for name in paths}
     for shape, feed in feeds.items():
@@ -162,8 +163,6 @@ def session(path: Path, threads: int = 0) -> Any:
     """A CPU session of a candidate graph, with the server's disabled optimizers (`threads` 0:
     ONNX Runtime's default)."""
     import onnxruntime as ort
-
-    from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.log_severity_level = 3

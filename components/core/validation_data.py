@@ -11,6 +11,8 @@ from importlib import resources
 
 import numpy as np
 
+from ortpack.components.core.errors import InvalidSpecError
+
 
 @cache
 def validation_sentences() -> tuple[str, ...]:
@@ -283,8 +285,6 @@ def read_image_files(directory: str, what: str) -> list[tuple[str, bytes]]:
     from pathlib import Path
 
     from PIL import Image
-
-    from ortpack.components.core.errors import InvalidSpecError
 
     root = Path(directory).expanduser()
     if not root.is_dir():

@@ -33,7 +33,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ortpack.components.core.errors import one_line
+from ortpack import __version__
+from ortpack.components.core.errors import OrtpackError, ParityError, one_line
 from ortpack.pipelines.cli import bundle, pipeline, steps
 from ortpack.pipelines.cli.common import EXIT_ENV, EXIT_GATE, EXIT_INPUT, EXIT_INTERNAL, log
 from ortpack.pipelines.cli.pipeline import _print_compatibility
@@ -73,8 +74,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command with its flags: each command module adds its own (`add_commands`)."""
-    from ortpack import __version__
-
     parser = _Parser(
         prog="ortpack",
         description="Turn a PyTorch model into a verified, hardware-optimized ONNX Runtime bundle.",
@@ -123,7 +122,6 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _report(exc: Exception) -> int:
-    from ortpack.components.core.errors import OrtpackError, ParityError
 
     message = one_line(exc)
     if isinstance(exc, ParityError):

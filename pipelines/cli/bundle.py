@@ -10,9 +10,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.errors import one_line
+from ortpack.components.core.compat import DiffSpec, diff_bundles, read_texts
+from ortpack.components.core.errors import InvalidSpecError, OrtpackError, ParityError, did_you_mean, one_line
+from ortpack.kernel.bundle import MANIFEST_NAME, embedding_space, read_manifest, verify_bundle
+from ortpack.kernel.hardware import this_machine
+from ortpack.kernel.oci import pull_bundle, push_bundle, push_modelcar
+from ortpack.kernel.policy import admit, parse_requirements, split_expressions
+from ortpack.kernel.signing import has_signature, sign_bundle, verify_signature
 from ortpack.pipelines.cli.common import existing_dir, log
 from ortpack.pipelines.cli.options import add_command
+from ortpack.serving.config import ServeConfig
 
 REQUIRE_ENV = "ORTPACK_REQUIRE"  # `bundle verify --require`'s default, as ortpack-serve reads it
 
@@ -138,8 +145,6 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_bundle_verify(args: argparse.Namespace) -> int:
-    from ortpack.kernel.bundle import embedding_space, verify_bundle
-    from ortpack.kernel.policy import admit, parse_requirements, split_expressions
 
     expressions = args.require if args.require is not None else split_expressions(os.environ.get(REQUIRE_ENV, ""))
     policy = parse_requirements(expressions)  # a malformed expression fails before any work
@@ -148,8 +153,6 @@ def cmd_bundle_verify(args: argparse.Namespace) -> int:
     size = sum(f.bytes for f in manifest.files.values())
     signed = ""
     if args.trust_key:
-        from ortpack.kernel.signing import verify_signature
-
         signature = verify_signature(bundle, Path(args.trust_key))
         signed = f", signature verified ({len(signature.files)} files, key sha256 {signature.key_fingerprint[:16]})"
     else:
@@ -176,17 +179,11 @@ def cmd_bundle_check(args: argparse.Namespace) -> int:
     """The serving node's start-up check as a deploy job's pre-flight: verify the bundle, then
     replay its probe set through the variant (`auto`: the one a server would pick, falling back
     as it would) on this machine, and apply the variant's gate."""
-    from ortpack.components.core.errors import InvalidSpecError, ParityError, did_you_mean
-    from ortpack.kernel.bundle import read_manifest
-    from ortpack.kernel.hardware import this_machine
-    from ortpack.serving.config import ServeConfig
     from ortpack.serving.metrics import Metrics
     from ortpack.serving.service import NodeCheckError, load_service
 
     bundle = existing_dir(str(_bundle_dir(args.bundle)), "bundle")
     if args.trust_key:
-        from ortpack.kernel.signing import verify_signature
-
         verify_signature(bundle, Path(args.trust_key))
     if args.variant != "auto":
         variants = [v.id for v in read_manifest(bundle).variants]
@@ -219,9 +216,6 @@ def cmd_bundle_diff(args: argparse.Namespace) -> int:
     unreachable source too: a CI job must never read it as a verdict)."""
     import json
 
-    from ortpack.components.core.compat import DiffSpec, diff_bundles, read_texts
-    from ortpack.components.core.errors import InvalidSpecError, OrtpackError
-
     try:
         spec = DiffSpec(
             budget=args.budget,
@@ -243,7 +237,6 @@ def _bundle_uri(value: str) -> str:
 
 
 def _warn_unchecked_signature(bundle: Path) -> None:
-    from ortpack.kernel.signing import has_signature
 
     if has_signature(bundle):
         log.warning("the bundle's signature (model.sig) was not checked: pass --trust-key PUB.pem to verify it")
@@ -252,7 +245,6 @@ def _warn_unchecked_signature(bundle: Path) -> None:
 
 
 def cmd_bundle_sign(args: argparse.Namespace) -> int:
-    from ortpack.kernel.signing import sign_bundle
 
     password = os.environ.get(args.key_password_env) if args.key_password_env else None
     signature = sign_bundle(_bundle_dir(args.bundle), Path(args.key), password=password)
@@ -261,19 +253,13 @@ def cmd_bundle_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_push(args: argparse.Namespace) -> int:
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.kernel.oci import push_bundle
 
     bundle = _bundle_dir(args.bundle)
     if args.trust_key:
-        from ortpack.kernel.signing import verify_signature
-
         verify_signature(bundle, Path(args.trust_key))
     if args.modelcar_base and not args.modelcar:
         raise InvalidSpecError("--modelcar-base applies only with --modelcar")
     if args.modelcar:
-        from ortpack.kernel.oci import push_modelcar
-
         if not args.modelcar_base:
             log.warning(
                 "the modelcar has no shell: KServe runs it with `sh -c ...`; give --modelcar-base (e.g. busybox)"
@@ -289,16 +275,11 @@ def cmd_bundle_push(args: argparse.Namespace) -> int:
 def cmd_bundle_pull(args: argparse.Namespace) -> int:
     import shutil
 
-    from ortpack.kernel.bundle import verify_bundle
-    from ortpack.kernel.oci import pull_bundle
-
     out = Path(args.out)
     pinned = pull_bundle(args.reference, out)
     try:
         manifest = verify_bundle(out)
         if args.trust_key:
-            from ortpack.kernel.signing import verify_signature
-
             verify_signature(out, Path(args.trust_key))
         else:
             _warn_unchecked_signature(out)
@@ -312,13 +293,10 @@ def cmd_bundle_pull(args: argparse.Namespace) -> int:
 def _bundle_dir(value: str) -> Path:
     """The bundle directory an argument names: the directory itself, or its manifest.json (the
     folder holding it is meant). Any other file is refused: a bundle is a directory."""
-    from ortpack.kernel.bundle import MANIFEST_NAME
 
     path = Path(value)
     if path.name == MANIFEST_NAME and not path.is_dir():
         return path.parent
     if path.is_file():
-        from ortpack.components.core.errors import InvalidSpecError
-
         raise InvalidSpecError(f"{value} is a file: give the bundle directory (the folder holding {MANIFEST_NAME})")
     return path

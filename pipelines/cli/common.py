@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ortpack.components.core.errors import InvalidSpecError
+
 EXIT_GATE, EXIT_INPUT, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPT = 1, 2, 3, 70, 130
 
 log = logging.getLogger("ortpack")
@@ -15,15 +17,12 @@ def existing_dir(value: str, what: str) -> Path:
     """The directory an option names, which must exist (`what`: the error's word for it)."""
     path = Path(value)
     if not path.is_dir():
-        from ortpack.components.core.errors import InvalidSpecError
-
         raise InvalidSpecError(f"{what} directory not found: {value}")
     return path
 
 
 def fresh_dir(path: Path, force: bool) -> Path:
     """An output directory to create: refused when it exists, unless `force` (then removed first)."""
-    from ortpack.components.core.errors import InvalidSpecError
 
     if path.exists():
         if not force:

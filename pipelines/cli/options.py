@@ -13,6 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ortpack.components.core.build import export_parameters, export_spec_from_parameters
+from ortpack.components.core.errors import InvalidSpecError
+from ortpack.components.core.sources import check_local_file
+from ortpack.components.core.specs import parse_threshold_overrides
+from ortpack.components.core.tasks import resolve_model_source
+from ortpack.components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
+from ortpack.kernel.contracts import DEFAULT_TASK, contract_names, get_contract
+from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET, GPU_TIMEOUT_S, MODEL_MOUNT
+
 Command = Callable[[argparse.Namespace], int]  # a command's function: its exit code
 
 
@@ -54,7 +63,6 @@ OPTION_FLAGS = (
 def _task_options(args: argparse.Namespace) -> dict[str, Any]:
     """The task options given: their own flags, then `--task-option KEY=VALUE` (VALUE read as
     JSON when it parses, else as a string); the task's contract checks them (`export_parameters`)."""
-    from ortpack.components.core.errors import InvalidSpecError
 
     given = {key: getattr(args, key) for key in OPTION_FLAGS if getattr(args, key, None) is not None}
     for item in getattr(args, "task_option", None) or []:
@@ -75,9 +83,6 @@ def model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[st
     """The export parameters of a command's model options (ortpack.components.core.build: one mapping
     from options to specs, shared with the pipeline's export step). `local`: directories of photos
     must exist here, and are named by absolute path (steps may run in another directory)."""
-    from ortpack.components.core.build import export_parameters
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.kernel.contracts import get_contract
 
     params = export_parameters(
         task=args.task,
@@ -99,10 +104,6 @@ def model_parameters(args: argparse.Namespace, *, local: bool = True) -> dict[st
 def export_spec(args: argparse.Namespace) -> Any:
     """The ExportSpec of a command's model options, for a model and files on this machine
     (validated: bad values fail here, before work)."""
-    from ortpack.components.core.build import export_spec_from_parameters
-    from ortpack.components.core.sources import check_local_file
-    from ortpack.components.core.tasks import resolve_model_source
-    from ortpack.kernel.contracts import get_contract
 
     params = model_parameters(args)
     options = params["task_options"]
@@ -119,7 +120,6 @@ def csv_list(value: str) -> list[str]:
 
 
 def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    from ortpack.components.core.specs import parse_threshold_overrides
 
     return parse_threshold_overrides(args.threshold)
 
@@ -139,7 +139,6 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
-    from ortpack.kernel.contracts import DEFAULT_TASK, contract_names
 
     if required:
         p.add_argument(
@@ -256,15 +255,12 @@ def add_thresholds(p: argparse.ArgumentParser) -> None:
 
 def _threshold_names() -> list[str]:
     """Every task's threshold names (kernel/contracts/<task>.py), as `task: a, b`."""
-    from ortpack.kernel.contracts import contract_names, get_contract
 
     return [f"{task}: {' '.join(get_contract(task).gates)}" for task in contract_names()]
 
 
 def add_graph(p: argparse.ArgumentParser) -> None:
     """Options that shape the compiled YAML (`compile` and `submit` share them)."""
-    from ortpack.components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
-    from ortpack.pipelines.defaults import GPU_TIMEOUT_S, MODEL_MOUNT
 
     p.add_argument(
         "--component-image",
@@ -297,7 +293,6 @@ def add_graph(p: argparse.ArgumentParser) -> None:
 
 
 def add_baseline(p: argparse.ArgumentParser) -> None:
-    from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET
 
     p.add_argument(
         "--baseline-bundle",

@@ -11,7 +11,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.errors import one_line
+from ortpack.components.core.errors import InvalidSpecError, one_line
+from ortpack.components.core.report import format_summary
+from ortpack.components.core.specs import get_target
+from ortpack.components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
+from ortpack.kernel.contracts import get_contract
 from ortpack.pipelines.cli.common import EXIT_GATE, log
 from ortpack.pipelines.cli.options import (
     add_baseline,
@@ -23,6 +27,17 @@ from ortpack.pipelines.cli.options import (
     csv_list,
 )
 from ortpack.pipelines.cli.pipeline_arguments import checked_spec, graph_options, pipeline_arguments
+from ortpack.pipelines.golden import compile_pipeline, pipeline_parameters
+from ortpack.pipelines.local import (
+    docker_runner,
+    load_run_records,
+    published_uri,
+    remove_run_containers,
+    run_pipeline_locally,
+    run_verdict,
+    stage_local_inputs,
+)
+from ortpack.pipelines.submit import find_bundle, follow_run, pinned_publish_uri, submit_run
 
 DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"  # ortpack.pipelines.submit.DEFAULT_PIPELINE_ROOT
 
@@ -111,7 +126,6 @@ def add_commands(sub: Any) -> None:
 
 
 def _print_published(run_dir: Path) -> None:
-    from ortpack.pipelines.local import published_uri
 
     uri = published_uri(run_dir)
     if uri:
@@ -120,7 +134,6 @@ def _print_published(run_dir: Path) -> None:
 
 def _print_compatibility(run_dir: Path) -> None:
     """The verdict against the baseline bundle, in one line, when the run compared with one."""
-    from ortpack.pipelines.local import run_verdict
 
     verdict = run_verdict(run_dir)
     if verdict is not None and verdict.compatibility:
@@ -128,11 +141,8 @@ def _print_compatibility(run_dir: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.report import format_summary
 
     targets, arguments, name = pipeline_arguments(args, local=True)  # before kfp's import: refusals are quick
-    from ortpack.pipelines.local import load_run_records, run_pipeline_locally
     from ortpack.pipelines.package_model import make_pipeline
 
     run_id = uuid.uuid4().hex[:12]
@@ -146,10 +156,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidSpecError(f"output directory exists: {out} (use --force to replace it, or --out)")
     runner, image = None, None
     if args.runner == "docker":
-        from ortpack.components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
-        from ortpack.kernel.contracts import get_contract
-        from ortpack.pipelines.local import docker_runner, stage_local_inputs
-
         try:
             image = check_image(args.component_image or os.environ.get(IMAGE_ENV) or COMPONENT_IMAGE)
         except ValueError as exc:
@@ -184,8 +190,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     finally:
         if runner is not None:
-            from ortpack.pipelines.local import remove_run_containers
-
             remove_run_containers(run_id)
     export, records = load_run_records(result.run_dir)
     print(format_summary(export, records))
@@ -197,8 +201,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from ortpack.components.core.specs import get_target
-    from ortpack.pipelines.golden import compile_pipeline
 
     targets = csv_list(args.targets)
     for t in targets:
@@ -210,8 +212,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _read_params(path: str) -> dict[str, Any]:
     import yaml
-
-    from ortpack.components.core.errors import InvalidSpecError
 
     try:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -225,13 +225,9 @@ def _read_params(path: str) -> dict[str, Any]:
 def cmd_submit(args: argparse.Namespace) -> int:
     import tempfile
 
-    from ortpack.components.core.errors import InvalidSpecError
-
     targets, arguments, name = pipeline_arguments(args, local=False)  # before kfp's import: refusals are quick
     options = graph_options(args, targets)
-    from ortpack.pipelines.golden import compile_pipeline, pipeline_parameters
     from ortpack.pipelines.package_model import PIPELINE_NAME, SIGNING_KEY
-    from ortpack.pipelines.submit import find_bundle, follow_run, pinned_publish_uri, submit_run
 
     arguments.update(credentials_secret=args.secret, signing_secret=args.signing_secret)
     if args.sign:

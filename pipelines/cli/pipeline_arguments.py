@@ -9,7 +9,18 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortpack.components.core.build import export_spec_from_parameters, pipeline_parameters, resolve_version
+from ortpack.components.core.errors import InvalidSpecError
+from ortpack.components.core.sources import check_local_file, check_uri, default_name, is_remote, uri_scheme
+from ortpack.components.core.specs import BuildSpec, variant_grid
+from ortpack.components.core.tasks import check_build_spec, resolve_model_source
+from ortpack.components.images import GPU_IMAGE_ENV, IMAGE_ENV, check_image, gpu_image_for
+from ortpack.kernel.bundle import MANIFEST_NAME, read_manifest
+from ortpack.kernel.contracts import get_contract, space_tasks
+from ortpack.kernel.oci import OciReference
 from ortpack.pipelines.cli.options import csv_list, model_parameters, threshold_overrides
+from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET
+from ortpack.pipelines.golden import GraphOptions
 
 if TYPE_CHECKING:
     from ortpack.components.core.specs import BuildSpec
@@ -21,11 +32,6 @@ def pipeline_arguments(args: argparse.Namespace, *, local: bool) -> tuple[list[s
     A model URI is checked for form here and fetched by the export step. `local` (`run`) checks
     that a model path and --weights/--labels paths exist here; a submitted run reads them in the
     cluster's component image (or a mounted volume) instead."""
-    from ortpack.components.core.build import resolve_version
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.sources import check_local_file, check_uri, default_name, is_remote
-    from ortpack.components.core.tasks import resolve_model_source
-    from ortpack.kernel.contracts import get_contract
 
     model = args.model.strip()
     if not model:
@@ -71,17 +77,12 @@ def _baseline_parameters(args: argparse.Namespace, *, local: bool) -> dict[str, 
     """The baseline comparison's pipeline parameters. `local` (`run`): a path must name a bundle
     here (a directory, its manifest.json, or a .tar), and is passed by absolute path; a directory
     must hold a text-embedding bundle. `submit` passes a path as is (the package step reads it)."""
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET
 
     baseline = (args.baseline_bundle or "").strip()
     if not baseline and (args.require_compatible or args.compatibility_budget is not None):
         given = "--require-compatible" if args.require_compatible else "--compatibility-budget"
         raise InvalidSpecError(f"{given} applies only with --baseline-bundle")
     if baseline and local and "://" not in baseline:
-        from ortpack.kernel.bundle import MANIFEST_NAME, read_manifest
-        from ortpack.kernel.contracts import get_contract, space_tasks
-
         path = Path(baseline).expanduser()
         path = path.parent if path.name == MANIFEST_NAME else path
         if not path.exists():
@@ -108,15 +109,12 @@ BUNDLE_SCHEMES = ("file", "http", "https", "s3", "minio", "oci")
 
 def _validate_baseline(arguments: dict[str, Any]) -> None:
     """Refuse a baseline comparison the package step could not make, before any step runs."""
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.sources import uri_scheme
 
     baseline = str(arguments.get("baseline_bundle") or "")
     if not baseline:
         if arguments.get("require_compatible"):
             raise InvalidSpecError("require_compatible needs a baseline bundle (--baseline-bundle URI)")
         return
-    from ortpack.kernel.contracts import get_contract, space_tasks
 
     task = str(arguments.get("task"))
     if get_contract(task).space is None:
@@ -143,10 +141,6 @@ def checked_spec(
     export spec, every variant's gate, the baseline comparison, the publish destination).
     `arguments` are rewritten from it (`pipeline_parameters`: the name filled in, each target's
     precisions), so the steps read exactly the spec that was checked."""
-    from ortpack.components.core.build import export_spec_from_parameters, pipeline_parameters
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.specs import BuildSpec, variant_grid
-    from ortpack.components.core.tasks import check_build_spec
 
     spec = BuildSpec(
         export=export_spec_from_parameters(arguments, source=source, default_name=default_name),
@@ -161,16 +155,12 @@ def checked_spec(
     _validate_baseline(arguments)
     publish_to = arguments.get("publish_to") or ""
     if publish_to:
-        from ortpack.components.core.sources import uri_scheme
-
         scheme = uri_scheme(publish_to)
         if scheme not in ("oci", "s3", "minio"):
             raise InvalidSpecError(
                 f"--publish-to takes oci://HOST/REPO[:TAG] or s3://BUCKET/PREFIX/ (or minio://): {publish_to}"
             )
         if scheme == "oci":
-            from ortpack.kernel.oci import OciReference
-
             ref = OciReference.parse(publish_to)
             if ref.digest:
                 raise InvalidSpecError(f"--publish-to names a digest; give a repository or a tag: {publish_to}")
@@ -187,9 +177,6 @@ def targets_of(spec: BuildSpec) -> list[str]:
 def graph_options(args: argparse.Namespace, targets: list[str]) -> Any:
     """What shapes the compiled YAML, from the options (and ORTPACK_COMPONENT_IMAGE /
     ORTPACK_GPU_COMPONENT_IMAGE): `compile` and `submit` build the same YAML from the same options."""
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.images import GPU_IMAGE_ENV, IMAGE_ENV, check_image, gpu_image_for
-    from ortpack.pipelines.golden import GraphOptions
 
     image = args.component_image or os.environ.get(IMAGE_ENV) or None
     gpu_image = args.gpu_component_image or os.environ.get(GPU_IMAGE_ENV) or None

@@ -8,6 +8,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ortpack.components.core.artifacts import ExportResult, OptimizeResult, VariantRecord
+from ortpack.components.core.benchmark import benchmark_variant
+from ortpack.components.core.build import build_bundle, resolve_version
+from ortpack.components.core.errors import InvalidSpecError
+from ortpack.components.core.export import export_model
+from ortpack.components.core.optimize import optimize_model
+from ortpack.components.core.package import package_bundle
+from ortpack.components.core.parity import validate_variant
+from ortpack.components.core.report import format_summary, write_report
+from ortpack.components.core.specs import BuildSpec, VariantSpec, parse_threshold_overrides, variant_grid
+from ortpack.components.core.tasks import thresholds_for
 from ortpack.pipelines.cli.common import existing_dir, fresh_dir
 from ortpack.pipelines.cli.options import (
     add_command,
@@ -66,9 +77,6 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ortpack.components.core.build import build_bundle, resolve_version
-    from ortpack.components.core.report import format_summary
-    from ortpack.components.core.specs import BuildSpec, variant_grid
 
     spec = BuildSpec(
         export=export_spec(args),
@@ -87,7 +95,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ortpack.components.core.export import export_model
 
     spec = export_spec(args)
     out = fresh_dir(Path(args.out), args.force)
@@ -97,9 +104,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from ortpack.components.core.errors import InvalidSpecError
-    from ortpack.components.core.optimize import optimize_model
-    from ortpack.components.core.specs import VariantSpec
 
     variant = VariantSpec(target=args.target, precision=args.precision)
     export_dir = existing_dir(args.export, "export")
@@ -112,10 +116,6 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ortpack.components.core.artifacts import ExportResult, OptimizeResult
-    from ortpack.components.core.parity import validate_variant
-    from ortpack.components.core.specs import parse_threshold_overrides
-    from ortpack.components.core.tasks import thresholds_for
 
     export_dir = existing_dir(args.export, "export")
     variant_dir = existing_dir(args.variant, "variant")
@@ -129,7 +129,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    from ortpack.components.core.benchmark import benchmark_variant
 
     result = benchmark_variant(existing_dir(args.variant, "variant"), existing_dir(args.export, "export"))
     for name, value in sorted(result.metrics().items()):
@@ -140,11 +139,6 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 def cmd_package(args: argparse.Namespace) -> int:
     """Like the pipeline's package step: report.html (inside the bundle), then the bundle."""
     import tempfile
-
-    from ortpack.components.core.artifacts import VariantRecord
-    from ortpack.components.core.build import resolve_version
-    from ortpack.components.core.package import package_bundle
-    from ortpack.components.core.report import write_report
 
     export_dir = existing_dir(args.export, "export")
     variant_dirs = [existing_dir(v, "variant") for v in args.variant]

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ortpack.components.core.errors import ExportError
+
 Exporter = Literal["torchscript", "dynamo"]
 Fuser = Literal["ort-bert", "onnxscript", "none"]
 Positions = Literal["absolute", "padding-offset", "relative", "rotary"]
@@ -69,7 +71,6 @@ class EncoderFamily:
     def position_offset(self, config: Any) -> int:
         """How many rows of the position table no real token reaches: 0, or for "padding-offset"
         the padding index + 1 (the first token's position id)."""
-        from ortpack.components.core.errors import ExportError
 
         if self.positions != "padding-offset":
             return 0
@@ -84,7 +85,6 @@ class EncoderFamily:
     def max_positions(self, config: Any) -> int:
         """The longest input, in tokens, this checkpoint's position handling allows: the position
         table's rows less `position_offset` (ids of a sequence of n tokens reach offset + n - 1)."""
-        from ortpack.components.core.errors import ExportError
 
         table = int(getattr(config, "max_position_embeddings", 512) or 512)
         limit = table - self.position_offset(config)
@@ -180,7 +180,6 @@ def supported_model_types() -> list[str]:
 def family_for(config: dict[str, Any]) -> EncoderFamily:
     """The family of a checkpoint from its raw config.json, or `ExportError` in one line naming
     the supported families (an encoder-decoder, a decoder, an unknown or custom-code model)."""
-    from ortpack.components.core.errors import ExportError
 
     model_type = str(config.get("model_type") or "")
     supported = ", ".join(supported_model_types())

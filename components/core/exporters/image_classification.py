@@ -60,7 +60,9 @@ from ortpack.components.core.validation_data import (
     read_image_files,
     render_image,
 )
-from ortpack.kernel.contracts.image_classification import ImageOptions
+from ortpack.kernel.contracts.image_classification import CONTRACT, ImageOptions
+from ortpack.kernel.gates import gate, probability_metrics
+from ortpack.kernel.images import DECODE_GATE, ImageDecoder
 
 log = logging.getLogger("ortpack.export")
 
@@ -136,9 +138,6 @@ def choose_decode(
 
     Returns the manifest's decode fields, the numbers of every margin tried, and per file the
     largest probability difference of the chosen reduced decode (0 where it does not reduce)."""
-    from ortpack.kernel.contracts.image_classification import CONTRACT
-    from ortpack.kernel.gates import gate, probability_metrics
-    from ortpack.kernel.images import DECODE_GATE, ImageDecoder
 
     metrics: dict[str, float] = {}
     for margin in REDUCED_MARGINS:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ortpack.components.core.errors import InvalidSpecError, ModelLoadError, one_line
 from ortpack.components.core.sources import TORCHVISION_MODELS
+from ortpack.kernel.bundle import sha256_file
 
 log = logging.getLogger("ortpack.export")
 
@@ -88,7 +89,6 @@ def parse_image_source(value: str, *, local: bool = True) -> ImageSource:
 def load_image_network(source: ImageSource, weights: str | None, crop_size: int) -> tuple[Any, dict[str, Any]]:
     """The network in eval mode and the manifest's source record (kind, id, weights sha256),
     after checking that it takes `[batch, 3, crop, crop]` floats and returns `[batch, classes]`."""
-    from ortpack.kernel.bundle import sha256_file
 
     if source.kind == "torchvision":
         import torchvision

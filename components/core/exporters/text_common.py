@@ -21,6 +21,7 @@ from ortpack.components.core.errors import ExportError, ModelLoadError, one_line
 from ortpack.components.core.exporters.families import FAMILIES
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
+from ortpack.kernel.bundle import sha256_file
 from ortpack.kernel.contracts import TextOptions
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -223,7 +224,6 @@ def torch_text_latency(
 
 def huggingface_source(config: Any, model_dir: Path, weights: Path) -> dict[str, Any]:
     """The manifest's source record of a local Hugging Face checkpoint."""
-    from ortpack.kernel.bundle import sha256_file
 
     return {
         "kind": "huggingface",

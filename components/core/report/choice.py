@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ortpack.components.core.artifacts import VariantRecord
+from ortpack.components.core.package import variant_record
 from ortpack.components.core.report.numbers import (
     BASELINE_FEATURES,
     CPU_PROVIDER,
@@ -18,6 +19,7 @@ from ortpack.components.core.report.numbers import (
     miss_reason,
     shape_label,
 )
+from ortpack.kernel.bundle import Variant
 from ortpack.kernel.hardware import HardwareInfo
 from ortpack.kernel.selection import PREFERENCE, TARGET_PROVIDER, measured_p50, rank_variants
 from ortpack.kernel.targets import TARGETS
@@ -54,8 +56,6 @@ def hardware_of(recorded: dict[str, Any]) -> HardwareInfo:
 
 def _as_variants(records: Sequence[VariantRecord]) -> list[Variant]:
     """The manifest entries the package step writes for these (passed) variants."""
-    from ortpack.components.core.package import variant_record
-    from ortpack.kernel.bundle import Variant
 
     return [Variant.model_validate(variant_record(r.built, r.parity, r.benchmark)) for r in records]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortpack.components.core.artifacts import ExportResult, VariantRecord
+from ortpack.components.core.int8_search import table
 from ortpack.components.core.report.choice import ServingChoice, choice_here, choices_elsewhere, p50
 from ortpack.components.core.report.numbers import (
     accuracy_cost,
@@ -170,7 +171,6 @@ def parity_tables(records: Sequence[VariantRecord]) -> str:
 def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
     """Per int8 variant whose recipe was chosen among several, the table of every candidate
     (components/core/int8_search.py): what each measured, its size and speed, which shipped."""
-    from ortpack.components.core.int8_search import table
 
     parts = []
     for rec in records:

@@ -20,13 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.artifacts import load_arrays
+from ortpack.components.core.exporters.image_models import parse_image_source
+from ortpack.components.core.graph_recipes import quantize_int8_static
+from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.components.core.validation_data import ImageSpec, render_image, unpack_files, validation_images
 from ortpack.kernel.contracts.image_classification import CONTRACT, OUTPUT
 from ortpack.kernel.engine import as_items
-from ortpack.kernel.gates import decisive_rows, probability_metrics, topk_overlap
+from ortpack.kernel.gates import decisive_rows, gate, probability_metrics, topk_overlap
+from ortpack.kernel.images import ImageDecoder
 from ortpack.kernel.probe import Probe
+from ortpack.kernel.runtime import DISABLED_OPTIMIZERS, SessionPlan, create_session
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
@@ -56,7 +62,6 @@ THRESHOLDS = {
 
 
 def resolve_source(value: str) -> tuple[str, str]:
-    from ortpack.components.core.exporters.image_models import parse_image_source
 
     source = parse_image_source(value)
     return source.value, source.default_name
@@ -70,7 +75,6 @@ def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
 
 def _pixel_diff(images: list[np.ndarray], ref: Any, export_dir: Path) -> dict[str, float]:
     """The exported preprocessing graph's pixels against torchvision's, in uint8 levels."""
-    from ortpack.kernel.runtime import SessionPlan, create_session
 
     path = export_dir / "preprocess.onnx"
     if not path.is_file():
@@ -137,7 +141,6 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 def raw_images(ref: Any) -> list[np.ndarray]:
     """The raw-pixel validation set: the user's photos (lossless PNGs in the reference), or the
     generated images rendered again from their specs."""
-    from ortpack.components.core.validation_data import ImageSpec, render_image, unpack_files
 
     if "raw_data" in ref:
         return [_decode_png(data) for data in unpack_files(ref["raw_offsets"], ref["raw_data"])]
@@ -158,8 +161,6 @@ def calibration_images(export_dir: Path) -> list[np.ndarray]:
     """What static int8 is calibrated on: the user's calibration photos (decoded as the server
     decodes them), else generated images disjoint from the validation set."""
     from ortpack.components.core.exporters.image_classification import CALIBRATION_FILE
-    from ortpack.components.core.validation_data import render_image, unpack_files, validation_images
-    from ortpack.kernel.images import ImageDecoder
 
     path = Path(export_dir) / CALIBRATION_FILE
     if not path.is_file():
@@ -177,8 +178,6 @@ def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
     default (its `decode_min_side`), also `served.reduced.*` (end to end) and `decode.reduced.*`
     (this variant's outputs with reduced against exact decoding, on the files it reduces: what
     the decode gate, `ortpack.kernel.images.DECODE_GATE`, judges) and `decode.reduced.min_side`."""
-    from ortpack.components.core.validation_data import unpack_files
-    from ortpack.kernel.images import ImageDecoder
 
     files = unpack_files(ref["served_offsets"], ref["served_data"])
     expected = ref["served_outputs"].astype(np.float64)
@@ -210,7 +209,6 @@ def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
     from ortpack.components.core.exporters.image_classification import BENCH_SHAPES
-    from ortpack.components.core.validation_data import ImageSpec, render_image
 
     return {
         key: (n, {"images": np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)])})
@@ -224,12 +222,6 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     top-1 agreement (its validate step then reports the miss). Returns the recipe chosen and every
     candidate's numbers. A pinned `recipe` is built alone, untried (the validate step gates it)."""
     import shutil
-
-    from ortpack.components.core.artifacts import load_arrays
-    from ortpack.components.core.graph_recipes import quantize_int8_static
-    from ortpack.components.core.recipes import PINNED_RULE
-    from ortpack.kernel.gates import gate
-    from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
     if recipe:
         quantize_int8_static(src, dst, calibration_images(export_dir), recipe)
@@ -272,7 +264,6 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     runs the decoder the server will use without gating the decode approximation twice (the
     parity gate judged it on the whole set). Small files only: the probe travels in the bundle;
     decisive ones where there are enough."""
-    from ortpack.components.core.validation_data import unpack_files
 
     side = int(export.task_settings["preprocessing"].get("decode_min_side", 0))
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:

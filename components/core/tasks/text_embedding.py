@@ -13,12 +13,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.artifacts import load_arrays
+from ortpack.components.core.compat import compare_rows, cross_space_recall
+from ortpack.components.core.exporters.families import FAMILIES
+from ortpack.components.core.graph_recipes import fuse_graph, quantize_int8_dynamic
+from ortpack.components.core.int8_search import Candidate, Judged, search, session
+from ortpack.components.core.parity import export_engine
+from ortpack.components.core.recipes import (
+    DYNAMIC_INT8_RECIPES,
+    PER_CHANNEL,
+    PINNED_RULE,
+    DynamicInt8,
+    dynamic_recipe,
+    dynamic_recipe_names,
+)
+from ortpack.components.core.sources import resolve_checkpoint
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.components.core.timing import synthetic_text_batch, text_bench_shapes
+from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
 from ortpack.kernel.contracts.text_embedding import CONTRACT, OUTPUT
 from ortpack.kernel.engine import as_items, stack
-from ortpack.kernel.gates import cosine_rows, neighbour_overlap
+from ortpack.kernel.gates import cosine_rows, gate, neighbour_overlap
 from ortpack.kernel.probe import Probe
 
 if TYPE_CHECKING:
@@ -38,7 +54,6 @@ THRESHOLDS = {
 
 
 def resolve_source(value: str) -> tuple[str, str]:
-    from ortpack.components.core.sources import resolve_checkpoint
 
     return resolve_checkpoint(value)
 
@@ -116,7 +131,6 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
     """Full batches of random token ids at the shapes PyTorch was timed at (b1×16, b16×128)."""
-    from ortpack.components.core.timing import synthetic_text_batch, text_bench_shapes
 
     tokenizer = export.task_settings["tokenizer"]
     names = list(tokenizer["model_input_names"])
@@ -138,8 +152,6 @@ def quantize_int8_fixed(src: Path, dst: Path, export: ExportResult, export_dir: 
     """Dynamic int8 without a search: the pinned recipe, else 7-bit per-channel weights (the
     search's first recipe); the encoder family says which MatMuls quantize their activations per
     token (`EncoderFamily.int8_per_token`: MPNet's second FFN MatMul)."""
-    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
-    from ortpack.components.core.recipes import PER_CHANNEL, dynamic_recipe
 
     chosen = dynamic_recipe(recipe) if recipe else PER_CHANNEL
     quantize_int8_dynamic(src, dst, per_token=_per_token(export), recipe=chosen)
@@ -152,11 +164,6 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     `recipe` is built alone, unsearched (the validate step gates it)."""
     from dataclasses import replace
     from functools import partial
-
-    from ortpack.components.core.artifacts import load_arrays
-    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
-    from ortpack.components.core.int8_search import Candidate, search
-    from ortpack.components.core.recipes import DYNAMIC_INT8_RECIPES, PINNED_RULE, DynamicInt8
 
     if recipe:
         quantize_int8_fixed(src, dst, export, export_dir, recipe)
@@ -184,7 +191,6 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
 
 
 def _per_token(export: ExportResult) -> tuple[str, ...]:
-    from ortpack.components.core.exporters.families import FAMILIES
 
     family = FAMILIES.get(str(export.model_info.get("model_type", "")))
     return family.int8_per_token if family is not None else ()
@@ -199,8 +205,6 @@ class _SearchSet:
 
     @classmethod
     def build(cls, fp32: Path, export: ExportResult, export_dir: Path) -> _SearchSet:
-        from ortpack.components.core.parity import export_engine
-        from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
 
         probe = select_probe(export, export_dir)
         queries = list(dict.fromkeys(t for t in retrieval_queries() if t.strip()))[:SEARCH_QUERIES]
@@ -214,9 +218,6 @@ class _SearchSet:
 
     def judge(self, path: Path) -> Any:
         """The candidate's numbers and misses; one that misses on the probe is not run further."""
-        from ortpack.components.core.compat import compare_rows, cross_space_recall
-        from ortpack.components.core.int8_search import Judged
-        from ortpack.kernel.gates import gate
 
         session, p, q = _candidate_session(path), self.probe, self.probe + self.queries
         thresholds = THRESHOLDS["int8"].as_dict()
@@ -248,7 +249,6 @@ def _whole_gate(ref: Any, export_dir: Path, path: Path) -> Any:
     sentence at batch 1 and in padded batches of 32): the search's subset misses what padding
     does to dynamic quantization (all-mpnet-base-v2 at 128 tokens, per channel with int8
     embeddings: min cosine 0.93 at batch 1, 0.83 in the padded batches)."""
-    from ortpack.components.core.int8_search import Judged
 
     values = compare(_candidate_session(path), ref, export_dir).values
     quality = {f"gate_{k}": values[k] for k in ("min_cosine", "mean_cosine", "neighbour_agreement") if k in values}
@@ -256,7 +256,6 @@ def _whole_gate(ref: Any, export_dir: Path, path: Path) -> Any:
 
 
 def _candidate_session(path: Path) -> Any:
-    from ortpack.components.core.int8_search import session
 
     return session(path)
 
@@ -273,7 +272,6 @@ def _embed_each(session: Any, payloads: list[np.ndarray]) -> np.ndarray:
 
 def fuse(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str, int], str]:
     """The encoder family's fusions (components/core/exporters/families.py)."""
-    from ortpack.components.core.graph_recipes import fuse_graph
 
     return fuse_graph(raw, export, use_gpu)
 
@@ -313,7 +311,6 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
 
 def retrieval_set() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """400 shipped support-desk questions searching the shipped validation sentences."""
-    from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
 
     return retrieval_queries(), validation_sentences()
 
