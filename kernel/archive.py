@@ -115,7 +115,8 @@ class ArchiveRules:
             members.append(member)
             total += member.size
             self.check_limits(len(members), total, source)
-            self.safe_target(member.name, root, source, what)
+            if not (member.isdir() and not PurePosixPath(member.name).parts):  # "." or "./": `root` itself
+                self.safe_target(member.name, root, source, what)
             if member.issym() or member.islnk():
                 raise self.refusal(self.link, name=member.name, target=member.linkname, what=what, source=source)
             if not (member.isfile() or member.isdir()):

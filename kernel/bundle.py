@@ -162,6 +162,7 @@ class Int8Recipe(_Strict):
     recipe: str
     rule: str = ""
     candidates: dict[str, Int8Candidate] = Field(default_factory=dict)
+    hint: str = ""  # what would help when no recipe was within budget (calibration photos)
 
 
 class OptimizeSection(_Strict):

@@ -125,7 +125,6 @@ CHECKPOINT_RULES = ArchiveRules(
     unsafe_path="{source}: unsafe path {path!r}",
     link="{source}: the archive holds links or devices ({name})",
     special="{source}: the archive holds links or devices ({name})",
-    allow_root=True,  # a tar's `./` entry: the checkpoint's root itself
 )
 # How a checkpoint download words its refusals (the transport is ortpack.kernel.fetch's, shared with
 # the server's bundle fetches)

@@ -309,6 +309,10 @@ def read_image_files(directory: str, what: str) -> list[tuple[str, bytes]]:
     return files
 
 
+# The user's calibration photos, packed (`pack_files`), beside an export (not shipped in the bundle)
+CALIBRATION_FILE = "calibration.npz"
+
+
 def pack_files(files: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, data): byte strings as two arrays (an npz holds no list of bytes)."""
     offsets = np.concatenate([[0], np.cumsum([len(f) for f in files])]).astype(np.int64)

@@ -102,7 +102,7 @@ def test_existing_output_is_refused_before_any_work(tiny_bert: Path, tmp_path: P
 def test_downloads_retry_only_when_the_store_is_unreachable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The export step's downloads: an unreachable store is tried again (FETCH_ATTEMPTS), a
     refused source fails at the first try (the step itself is never retried by the pipeline)."""
-    from ortpack.components.core import build, sources
+    from ortpack.components.core import build
     from ortpack.components.core.errors import SourceError, SourceUnreachableError
 
     calls: list[str] = []
@@ -115,7 +115,7 @@ def test_downloads_retry_only_when_the_store_is_unreachable(monkeypatch: pytest.
             raise SourceError("pickled weights")
         return "fetched"
 
-    monkeypatch.setattr(sources, "fetch_source", flaky)
+    monkeypatch.setattr(build, "fetch_source", flaky)
     monkeypatch.setattr(build, "FETCH_BACKOFF_S", (0.0, 0.0))
     assert build.fetch_with_retries("s3://b/flaky", tmp_path / "a") == "fetched" and len(calls) == 3
     calls.clear()

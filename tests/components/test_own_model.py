@@ -124,3 +124,12 @@ def test_the_cli_refuses_an_unimportable_module_in_one_line(tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "cannot import 'nowhere.models'" in done.stderr, done.stderr
+
+
+def test_a_factory_bundle_is_named_after_what_it_builds() -> None:
+    """A generic factory name (`build`) names nothing: the bundle takes its module's name."""
+    from ortpack.components.core.exporters.image_models import ImageSource
+
+    assert ImageSource("factory", "lite0:build").default_name == "lite0"
+    assert ImageSource("factory", "examples.efficientnet_lite:create_model").default_name == "efficientnet_lite"
+    assert ImageSource("factory", "my_models.effnet:efficientnet_lite0").default_name == "efficientnet_lite0"

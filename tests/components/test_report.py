@@ -61,6 +61,27 @@ def test_a_variant_that_missed_its_gate_is_an_alternative_with_its_reason() -> N
     assert "<span class='miss'>min cosine 0.5761 (gate ≥ 0.9)</span>" in box
 
 
+def test_a_missed_int8_variant_says_what_would_help() -> None:
+    """When no int8 recipe was within budget and the calibration was on generated images, the
+    summary says that static int8 needs real photos and how to pass them."""
+    from dataclasses import replace
+
+    from ortpack.components.core.tasks.image_classification import CALIBRATION_HINT
+
+    export, records = int8_missed()
+    hinted = [
+        replace(
+            r, built=replace(r.built, metrics={**r.built.metrics, "int8": {"recipe": "x", "hint": CALIBRATION_HINT}})
+        )
+        if r.built.precision == "int8"
+        else r
+        for r in records
+    ]
+    summary = format_summary(export, hinted)
+    assert "--calibration-images DIR" in summary and "real photos" in summary
+    assert "--calibration-images" not in format_summary(export, records)
+
+
 def test_a_variant_for_other_hardware_says_so_and_where_it_would_serve() -> None:
     export, records = with_gpu_variant()
     words = _text(verdict_box(export, records))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -215,7 +216,10 @@ def test_server_decoder_is_the_reference_decode(image_export: Path) -> None:
 def test_decode_mode_needs_the_gates_evidence(image_bundle: Path) -> None:
     """auto serves the reduced decode only when the variant's parity record validates it; an
     explicit reduced request without that evidence refuses the start; exact is always allowed."""
-    from ortpack.serving.tasks.image_classification import choose_decoder
+    from ortpack.kernel.images import choose_decoder as choose
+
+    def choose_decoder(manifest: Manifest, variant: Any, requested: str, max_pixels: int) -> Any:
+        return choose(manifest.task_settings.preprocessing, variant, requested, max_pixels, manifest.name)
 
     exact = verify_bundle(image_bundle)
     variant = exact.variant("cpu-fp32")

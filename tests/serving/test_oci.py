@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from ortpack.kernel.bundle import BundleError, verify_bundle
-from ortpack.kernel.oci import ARTIFACT_TYPE, TITLE, OciReference, RegistryError, pull_bundle, push_bundle
+from ortpack.kernel.oci import ARTIFACT_TYPE, TITLE, pull_bundle, push_bundle
+from ortpack.kernel.registry import OciReference, RegistryError
 from ortpack.kernel.signing import sign_bundle, verify_signature
 from ortpack.kernel.sources import fetch_bundle
 from tests.cli import assert_one_line_error, ortpack

@@ -55,6 +55,7 @@ from ortpack.components.core.exporters.image_models import (
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
+    CALIBRATION_FILE,
     ImageSpec,
     pack_files,
     read_image_files,
@@ -72,8 +73,6 @@ OUTPUT_NAME = "probabilities"
 # only when it reduces at least MIN_REDUCED_FILES validation files.
 REDUCED_MARGINS = (1.5, 2.0, 3.0, 4.0)
 MIN_REDUCED_FILES = 8
-# the user's calibration photos, packed, beside the export (not shipped in the bundle)
-CALIBRATION_FILE = "calibration.npz"
 
 
 class Classifier(nn.Module):

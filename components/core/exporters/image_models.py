@@ -41,6 +41,9 @@ PROGRAM_SUFFIX = ".pt2"
 IMAGENET = {"resize_size": 256, "crop_size": 224, "interpolation": "bilinear",
             "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}  # fmt: skip
 MISMATCH_SHOWN = 3  # keys named in a state_dict mismatch
+# Factory names that say nothing of the model: a bundle is named after the factory's module instead
+GENERIC_FACTORIES = {"build", "create", "make", "model", "get_model", "load", "load_model", "build_model",
+                     "create_model", "make_model", "factory", "main", "net", "network", "get_net"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,12 @@ class ImageSource:
 
     @property
     def default_name(self) -> str:
+        """The bundle's name unless `--name` gives one: a torchvision name, a program's file name,
+        or a factory's name, or its module's when the factory is called like every factory
+        (`lite0:build` -> `lite0`, `my_models.effnet:efficientnet_lite0` -> `efficientnet_lite0`)."""
         if self.kind == "factory":
-            return self.value.rpartition(":")[2]
+            module, _, factory = self.value.rpartition(":")
+            return module.rpartition(".")[2] if factory.lower() in GENERIC_FACTORIES else factory
         if self.kind == "program":
             return Path(self.value).name.removesuffix(PROGRAM_SUFFIX)
         return self.value

@@ -101,7 +101,8 @@ class _Ranking:
 
     def why_not(self, rec: VariantRecord) -> str:
         if not rec.passed:
-            return miss_reason(rec.parity)
+            hint = (rec.built.metrics.get("int8") or {}).get("hint")
+            return miss_reason(rec.parity) + (f"; {hint}" if hint else "")
         place = next((i for i, v in enumerate(self.order) if v.id == rec.variant_id), None)
         if place is None or self.chosen is None:
             return f"not for this hardware: needs {TARGET_PROVIDER.get(rec.built.target, rec.built.target)} (none here)"

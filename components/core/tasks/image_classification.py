@@ -26,7 +26,13 @@ from ortpack.components.core.graph_recipes import quantize_int8_static
 from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from ortpack.components.core.validation_data import ImageSpec, render_image, unpack_files, validation_images
+from ortpack.components.core.validation_data import (
+    CALIBRATION_FILE,
+    ImageSpec,
+    render_image,
+    unpack_files,
+    validation_images,
+)
 from ortpack.kernel.contracts.image_classification import CONTRACT, OUTPUT
 from ortpack.kernel.engine import as_items
 from ortpack.kernel.gates import decisive_rows, gate, probability_metrics, topk_overlap
@@ -39,6 +45,12 @@ if TYPE_CHECKING:
     from ortpack.components.core.specs import ExportSpec
 log = logging.getLogger("ortpack.optimize")
 
+# What a build whose every static int8 recipe missed is told when it was calibrated on generated
+# images: a trained classifier's activations on real photos are what the scales must cover
+CALIBRATION_HINT = (
+    "calibrated on generated images, not photos: static int8 needs real photos of the model's domain "
+    "(a few hundred; pass --calibration-images DIR, kept apart from --validation-images)"
+)
 PROBE_IMAGES = 16
 PROBE_REDUCED = 4  # of them, JPEGs the reduced decode scales (when the bundle has one)
 PROBE_MAX_BYTES = 600_000
@@ -160,7 +172,6 @@ def _decode_png(data: bytes) -> np.ndarray:
 def calibration_images(export_dir: Path) -> list[np.ndarray]:
     """What static int8 is calibrated on: the user's calibration photos (decoded as the server
     decodes them), else generated images disjoint from the validation set."""
-    from ortpack.components.core.exporters.image_classification import CALIBRATION_FILE
 
     path = Path(export_dir) / CALIBRATION_FILE
     if not path.is_file():
@@ -242,9 +253,13 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         if not misses:
             chosen = recipe
             break
+    result: dict[str, Any] = {"recipe": chosen, "candidates": tried}
+    if chosen is None and not (Path(export_dir) / CALIBRATION_FILE).is_file():
+        result["hint"] = CALIBRATION_HINT
     chosen = chosen or max(tried, key=lambda r: tried[r]["quality"]["top1_agreement"])
+    result["recipe"] = chosen
     shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
-    return {"recipe": chosen, "candidates": tried}
+    return result
 
 
 def _session(path: Path, disabled: list[str]) -> Any:
