@@ -140,8 +140,9 @@ def test_serving_image_is_small_and_unprivileged(engine: Engine, images: dict[st
     # no torch, transformers or kfp; no pip; numpy's tests and onnxruntime's offline tools left out
     listing = engine.run(
         "run", "--rm", "--entrypoint", "python3", images["serve"], "-c",
-        "import importlib.util as u; print([m for m in ('torch', 'transformers', 'kfp', 'components', 'pip', "
-        "'onnxruntime.quantization', 'numpy._core.tests') if u.find_spec(m) is not None])",
+        "import importlib.util as u; print([m for m in ('torch', 'transformers', 'kfp', 'ortpack.components', "
+        "'ortpack.pipelines', 'components', 'serving', 'pip', 'onnxruntime.quantization', 'numpy._core.tests') "
+        "if u.find_spec(m) is not None])",
     ).stdout.strip()  # fmt: skip
     assert listing == "[]", listing
 

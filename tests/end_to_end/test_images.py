@@ -46,7 +46,16 @@ def test_cpu_flavour_takes_cpu_torch_and_refuses_cuda_packages() -> None:
     assert '"torch==${TORCH_VERSION}+cpu" "torchvision==${TORCHVISION_VERSION}+cpu"' in cpu
     assert "grep -i -E '^(nvidia-|triton=)'" in cpu and "exit 1" in cpu
     # torch is installed before the extras, so `torch==2.14.1` is already satisfied by 2.14.1+cpu
-    assert text.index("+cpu") < text.index('".[export,serve,image,kfp,sign,oci,s3]"')
+    assert text.index("+cpu") < text.index('".[export,image,kfp,sign,oci,s3]"')
+
+
+def test_the_component_image_has_no_serving_side() -> None:
+    """The steps run the kernel's engines, never the server: no serve extra (starlette, uvicorn),
+    and the serving floor is not copied in (its link in ortpack/ dangles, so it is not installed)."""
+    text = (ROOT / "Dockerfile.component").read_text()
+    extras = re.search(r'pip install --no-cache-dir "\.\[([^\]]+)\]"', text)[1].split(",")  # type: ignore[index]
+    assert "serve" not in extras and {"export", "image", "kfp"} <= set(extras)
+    assert "COPY serving" not in text and "COPY kernel ./kernel" in text
 
 
 def test_steps_install_nothing_at_run_time() -> None:
