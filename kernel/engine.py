@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ortpack.kernel.contracts.tensors import Signature
+from ortpack.kernel.contracts.tensors import Signature, Tensor
 
 if TYPE_CHECKING:
     from ortpack.kernel.bundle import Manifest, Variant
@@ -127,6 +127,20 @@ class EngineSpec:
     name: str
     open: Callable[[EngineContext], Engine]
     probe_metrics: ProbeMetrics
+
+
+def declared_cost(tensor: Tensor) -> Callable[[Any], float]:
+    """What one payload of `tensor` (the graph input a payload fills: one item's slice of it)
+    costs: the product of its sizes along the dimensions the declaration names (not its batch):
+    a text's `sequence` (its tokens), an image's `height` x `width` (its pixels). A payload whose
+    array is an attribute `ids` (a token pair) counts that array."""
+    named = [i for i, d in enumerate(tensor.shape[1:]) if isinstance(d, str)]
+
+    def cost(payload: Any) -> float:
+        shape = np.shape(getattr(payload, "ids", payload))
+        return float(np.prod([shape[i] for i in named if i < len(shape)]))
+
+    return cost
 
 
 def stack(items: Sequence[Item], name: str) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ortpack.kernel.engine import EngineContext, Item, as_items
+from ortpack.kernel.engine import EngineContext, Item, as_items, declared_cost
 from ortpack.kernel.images import choose_decoder
 
 log = logging.getLogger("ortpack.engine")
@@ -33,6 +33,7 @@ class ImageEngine:
         options = ctx.options
         self.signature = ctx.signature
         self.session = ctx.session
+        self.cost = declared_cost(ctx.signature.inputs[0])  # tokens (sequence), pixels (height x width)
         self.input = ctx.signature.inputs[0].name
         self.output = ctx.signature.outputs[0].name
         self.crop = int(getattr(preprocessing, "crop_size", 224))
@@ -49,9 +50,6 @@ class ImageEngine:
 
     def run(self, payloads: Sequence[np.ndarray]) -> list[Item]:
         return as_items(self.output, self.session.run(None, self.feeds(payloads))[0])
-
-    def cost(self, payload: np.ndarray) -> float:
-        return float(payload.shape[0] * payload.shape[1])
 
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
         """The crop size, VGA both ways and 1080p at batch 1, and a batch of 8 VGA images."""

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ortpack.kernel.contracts import TextSettings
-from ortpack.kernel.engine import EngineContext, Item, as_items
-from ortpack.kernel.tokenizer import TextEncoder, payload_tokens
+from ortpack.kernel.engine import EngineContext, Item, as_items, declared_cost
+from ortpack.kernel.tokenizer import TextEncoder
 
 
 class TokenEngine:
@@ -35,6 +35,7 @@ class TokenEngine:
         options = ctx.options
         self.signature = ctx.signature
         self.session = ctx.session
+        self.cost = declared_cost(ctx.signature.inputs[0])  # tokens (sequence), pixels (height x width)
         self.output = ctx.signature.outputs[0].name
         self.input_names = list(tokenizer.model_input_names)
         self.pad_token_id = tokenizer.pad_token_id
@@ -75,9 +76,6 @@ class TokenEngine:
     def run(self, payloads: Sequence[Any]) -> list[Item]:
         output = self.session.run(None, self.feeds(payloads))[0]
         return as_items(self.output, self.post(payloads, output))
-
-    def cost(self, payload: Any) -> float:
-        return payload_tokens(payload)
 
     def warm_up_batches(self, max_batch_size: int) -> list[list[Any]]:
         return list(self.encoder.warm_up_batches(max_batch_size))
