@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -112,13 +113,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         import ortpack.serving.service  # noqa: F401
         from ortpack.kernel.bundle import BundleError
     # The bundle is verified, loaded and checked on a thread, mostly in hashlib and ONNX Runtime
-    # (which release the GIL), while this one imports the HTTP stack.
+    # (which release the GIL), while this one imports the HTTP stack. A SIGTERM meanwhile (before
+    # the server's own handlers) stops the start after the phase in progress, and exits 0.
+    stop = early_stop()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-load") as pool:
         loading = pool.submit(build, config, timeline, prehash)
         with timeline.phase("http imports"):
             import_http_stack()
     try:
         service = loading.result()
+        if stop.is_set():
+            service.join_threads()  # the warm-up runs on: the process must not exit under it
+            log.info("%s before ready: stopped without serving", stop.name)
+            return 0
     except (BundleError, ConfigError, OSError) as exc:
         print(f"ortpack-serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -128,7 +135,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-    return serve(service, config, sockets, timeline)
+    if stop.is_set():  # a signal between the load and now
+        service.join_threads()
+        log.info("%s before ready: stopped without serving", stop.name)
+        return 0
+    return serve(service, config, sockets, timeline, stop)
+
+
+class _Stop(threading.Event):
+    name = "a signal"
+
+
+def early_stop() -> _Stop:
+    """SIGTERM and SIGINT before the server serves: remember them (the start ends after the phase in
+    progress and exits 0, as a drained server would); the server's own handlers replace these."""
+    stop = _Stop()
+
+    def handle(sig: int, frame: Any) -> None:
+        stop.name = signal.Signals(sig).name
+        if not stop.is_set():
+            log.info("%s during start-up: stopping once the current phase ends", stop.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handle)
+    return stop
 
 
 def import_http_stack() -> None:
@@ -159,6 +190,7 @@ def build(config: Any, timeline: Any = None, prehash: Any = None) -> Any:
     cache.mkdir(parents=True, exist_ok=True)
     wait_for_local_bundle(config.bundle, config.bundle_wait_s or (300.0 if os.environ.get(ASYNC_ENV) == "async" else 0))
     began = timeline.now()
+    log.info("bundle %s: fetching and verifying", config.bundle)
     fetched = fetch(config.bundle, cache)
     try:
         signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded
@@ -236,7 +268,7 @@ def ready_line(service: Any, config: Any, seconds: float) -> str:
     )
 
 
-def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any) -> int:
+def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any, stop: Any = None) -> int:
     listen_began = timeline.now()  # the app built, the port opened
     import uvicorn
 
@@ -269,6 +301,10 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             timeline.record("listen", listen_began)  # the port listens
+            if stop is not None and stop.is_set():  # a signal before uvicorn's handlers were in place
+                log.info("%s during start-up: stopping", stop.name)
+                begin_draining()
+                self.should_exit = True
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             try:

@@ -3,13 +3,19 @@ running the backend.
 
 - Items (one text, one image) wait by bucket (a text's padded-length ceiling), so a batch holds
   only items of one bucket and is padded no further than that bucket's ceiling.
-- Fair between requests: when a worker is free, the next batch is led by the request that has
-  waited longest without a batch on the workers (a request whose batch is running comes after
-  every request that has none; a request's wait restarts when its last batch finishes). The
-  batch is its bucket's items, taken round-robin across the requests queued there, one item
-  each per round, leader first, up to `max_batch_size` items and `max_batch_cost` (padded
-  tokens, pixels). So one request of 300 long texts runs one short batch at a time while single-sentence
-  requests sent after it go into the next batch, instead of waiting for all 300.
+- Order between requests: small requests first (a request that runs as one batch predicted to take
+  at most `fast_s`, such as one sentence or one image: the fast lane), then by deadline, then by
+  arrival.
+  When a worker is free, the next batch is the first request's bucket, filled with that
+  request's items first and then those of the next requests in order, up to `max_batch_size`
+  items, `max_batch_cost` (padded tokens, pixels) and a predicted `batch_s` seconds. So a request
+  admitted ahead finishes before the ones behind it start (round-robin sharing made every request
+  of an overload late at once), and a single sentence sent during a 1,000-text request waits for
+  one short batch, not for the 1,000 texts.
+- Admission by predicted completion (ortpack.serving.admission): once the batch times are known
+  (the warm-up measures them), a request is admitted only when, in that order, it and every
+  request behind it finish before their deadlines; otherwise it is refused at once (429) with a
+  `Retry-After` of the predicted time until it would fit.
 - Scheduling is synchronous, on the event loop, at the two moments it can change anything: when
   a request is queued and when a batch finishes. A request that finds a worker idle is cut into
   a batch and handed to that worker inside `submit`, before the event loop runs anything else:
@@ -22,10 +28,11 @@ running the backend.
   and uses every core; under load the workers run one-thread calls side by side. Switching is a
   per-batch choice at dispatch: no request waits for it, and a request arriving while a lone
   batch runs goes to the next idle worker at once (the cores are briefly shared).
-- The queue is bounded in items: a request that would overflow it now is refused whole (429
+- The queue is also bounded in items: a request that would overflow it now is refused whole (429
   with Retry-After); one that could never fit (more items than the queue holds) gets 413.
 - Each request has a deadline (from the request context when there is one: counted from the
-  request's arrival); its items still queued then are dropped and it is answered 504. A request
+  request's arrival, shortened by the client's own); its items still queued then are dropped and
+  it is answered 504: the backstop when a prediction was wrong. A request
   whose caller went away (its task cancelled: the client disconnected) is dropped the same way.
 - The backend runs on `workers` threads of its own, off the event loop; results come back with
   `call_soon_threadsafe`. Every request gets exactly one result or one exception, including when
@@ -52,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ortpack.serving import context
+from ortpack.serving.admission import BatchTimes, Planned, Verdict, admit
 from ortpack.serving.context import RequestContext
 from ortpack.serving.errors import (
     DeadlineExceededError,
@@ -85,6 +93,9 @@ class Request:
     slices: dict[Hashable, Slice] = field(default_factory=dict)  # its queued items, by bucket
     running: int = 0  # its batches on the workers now
     context: RequestContext | None = None
+    deadline: float = math.inf  # on the batcher's clock
+    fast: bool = False  # the fast lane: its work is predicted to take at most `fast_s`
+    cost_left: float = 0.0  # the cost of its items not yet cut into a batch (admission's units)
     # Wall-clock timings (time.perf_counter, whatever the batcher's scheduling clock): queued, the
     # start of its first model call, the end of its last one, model seconds summed over its batches.
     queued_at: float = 0.0
@@ -92,17 +103,17 @@ class Request:
     last_end: float = 0.0
     model_s: float = 0.0
 
-    def key(self) -> tuple[bool, float]:
-        """Scheduling order: requests without a running batch first, then the longest waiting."""
-        return (self.running > 0, self.turn)
+    def key(self) -> tuple[bool, float, float]:
+        """Scheduling order: the fast lane first, then the earliest deadline, then arrival."""
+        return (not self.fast, self.deadline, self.enqueued)
 
 
 @dataclass(slots=True, eq=False)
 class Slice:
-    """One request's items waiting in one bucket: (index in the request, payload)."""
+    """One request's items waiting in one bucket: (index in the request, payload, cost)."""
 
     request: Request
-    items: deque[tuple[int, Any]]
+    items: deque[tuple[int, Any, float]]
 
 
 # One item of a cut batch: its request, its index there, its payload.
@@ -117,6 +128,7 @@ class Job:
     batch: list[Entry]
     dispatched: float  # on the batcher's clock
     lone: bool  # run on the lone backend (every core), not a one-thread worker session
+    cost: float = 0.0  # the batch's cost (padded: the longest item x the items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +162,9 @@ class Batcher:
         clock: Callable[[], float] = time.perf_counter,
         lone_backend: Backend | None = None,
         lone_threads: int = 1,
+        batch_s: float = 0.05,
+        fast_s: float = 0.05,
+        admission: bool = True,
     ) -> None:
         self.backend = backend
         # The same model with more intra-op threads, for a batch that runs alone (module docstring).
@@ -165,6 +180,16 @@ class Batcher:
         self.padded = padded
         self.max_batch_cost = max_batch_cost
         self.units = units
+        # Batch times on one worker, learnt from the warm-up and every batch (ortpack.serving.admission):
+        # a batch stops at `batch_s` predicted seconds (how long the fast lane may wait for a
+        # worker), a request predicted to take at most `fast_s` goes in the fast lane, and with
+        # `admission` a request that cannot finish in time is refused at once.
+        self.times = BatchTimes()
+        self.batch_s = batch_s
+        self.fast_s = fast_s
+        self.admission = admission
+        self.refused = 0  # requests refused by admission
+        self._running_cost: dict[int, float] = {}  # id(job) -> its cost, while it runs
         self.max_queue_size = max_queue_size
         self.workers = workers
         self.max_batch_delay = max_batch_delay_ms / 1000.0
@@ -217,13 +242,65 @@ class Batcher:
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the time to work through the queue, at least 1."""
+        if self.times.ready:
+            queued = sum(self._seconds(r.cost_left) for r in self.active) + self._running_seconds()
+            return max(1, math.ceil(queued / self.workers))
         if self.items_per_second <= 0:
             return 1
         return max(1, math.ceil(self.depth / self.items_per_second))
 
+    def item_cost(self, payload: Any, bucket: Hashable) -> float:
+        """What an item costs the model: its bucket's ceiling when batches are padded to it (a
+        text's padded tokens), else the engine's cost of it (an image's pixels); 1 without a cost."""
+        if self.cost is None:
+            return 1.0
+        if self.padded and isinstance(bucket, int | float):
+            return float(bucket)
+        return float(self.cost(payload))
+
+    def _seconds(self, cost: float) -> float:
+        """Predicted worker-seconds for `cost` units, in batches of at most `batch_s`."""
+        if cost <= 0:
+            return 0.0
+        per_batch = min(self.times.cost_within(self.batch_s), self.max_batch_cost)
+        batches = max(1, math.ceil(cost / per_batch)) if math.isfinite(per_batch) and per_batch > 0 else 1
+        return self.times.seconds(cost, batches)
+
+    def _running_seconds(self) -> float:
+        """Worker-seconds left of the batches running now (half of each, on average)."""
+        return sum(self.times.seconds(cost) for cost in self._running_cost.values()) / 2
+
+    def precheck(self, budget_s: float, cost: float = 0.0) -> None:
+        """Refuse at once (429) a request of about `cost` (an estimate from its body's size) with
+        `budget_s` left that could not finish: called before its body is read, so a flood is
+        answered without reading it."""
+        if not (self.admission and self.times.ready):
+            return
+        now = self.clock()
+        seconds = self._seconds(cost)
+        new = Planned(fast=seconds <= self.fast_s, deadline=now + budget_s, arrival=now, seconds=seconds)
+        verdict = admit(new, self._planned(), now, self.workers, self._running_seconds())
+        if not verdict.admitted:
+            self._refuse(verdict, budget_s)
+
+    def _planned(self) -> list[Planned]:
+        return [
+            Planned(fast=r.fast, deadline=r.deadline, arrival=r.enqueued, seconds=self._seconds(r.cost_left))
+            for r in self.active
+        ]
+
+    def _refuse(self, verdict: Verdict, budget_s: float) -> None:
+        self.refused += 1
+        raise OverloadedError(
+            f"overloaded: this request would finish in {verdict.finish - self.clock():.1f} s, past its "
+            f"{budget_s:.1f} s deadline ({verdict.reason}); retry later",
+            headers={"Retry-After": str(verdict.retry_after)},
+        )
+
     async def submit(self, payloads: Sequence[Any], buckets: Sequence[Hashable], timeout_s: float) -> list[Any]:
         """Queue one request's items and wait for all of them; results come back in order. The
-        deadline is `timeout_s` from now, or the request context's when it is sooner."""
+        deadline is `timeout_s` from now, or the request context's when it is sooner. Refused at
+        once (429) when it cannot finish before it, or when the queue of items is full."""
         if self._closed or self._loop is None:
             raise NotReadyError("the server is shutting down")
         n = len(payloads)
@@ -240,8 +317,20 @@ class Batcher:
         if ctx is not None:
             ctx.check_deadline("before queueing")
             timeout_s = min(timeout_s, ctx.remaining())
-            ctx.items += n
         now = self.clock()
+        costs = [self.item_cost(p, b) for p, b in zip(payloads, buckets, strict=True)]
+        cost = sum(costs)
+        seconds = self._seconds(cost) if self.times.ready else 0.0
+        # the fast lane: a request that runs as one short batch (before any batch was timed: one batch)
+        one_batch = n <= self.max_batch_size and cost <= self.max_batch_cost
+        fast = one_batch and (seconds <= self.fast_s or not self.times.ready)
+        if self.admission and self.times.ready:
+            new = Planned(fast=fast, deadline=now + timeout_s, arrival=now, seconds=seconds)
+            verdict = admit(new, self._planned(), now, self.workers, self._running_seconds())
+            if not verdict.admitted:
+                self._refuse(verdict, timeout_s)
+        if ctx is not None:
+            ctx.items += n
         request = Request(
             future=self._loop.create_future(),
             rows=[None] * n,
@@ -251,9 +340,12 @@ class Batcher:
             turn=now,
             context=ctx,
             queued_at=time.perf_counter(),
+            deadline=now + timeout_s,
+            fast=fast,
+            cost_left=cost,
         )
         slices = request.slices
-        for index, (payload, bucket) in enumerate(zip(payloads, buckets, strict=True)):
+        for index, (payload, bucket, item) in enumerate(zip(payloads, buckets, costs, strict=True)):
             piece = slices.get(bucket)
             if piece is None:
                 piece = slices[bucket] = Slice(request, deque())
@@ -261,7 +353,7 @@ class Batcher:
                 if line is None:
                     line = self.lines[bucket] = {}
                 line[request] = piece
-            piece.items.append((index, payload))
+            piece.items.append((index, payload, item))
             self.counts[bucket] = self.counts.get(bucket, 0) + 1
         self.active[request] = None
         self.depth += n
@@ -300,49 +392,34 @@ class Batcher:
     # ---------------------------------------------------------------- scheduling (event loop)
 
     def _leader(self) -> Request | None:
-        """The request the next batch is for: no batch running, then the longest waiting."""
-        best: Request | None = None
-        for request in self.active:
-            if best is None:
-                best = request
-            elif request.running:
-                if best.running and request.turn < best.turn:
-                    best = request
-            elif best.running or request.turn < best.turn:
-                best = request
-        return best
+        """The request the next batch is for: the first in order (`Request.key`)."""
+        return min(self.active, key=Request.key, default=None)
 
-    def _cut(self, bucket: Hashable) -> list[Entry]:
-        """Up to max_batch_size items of `bucket`, one per request per round, best request first."""
+    def _cut(self, bucket: Hashable) -> tuple[list[Entry], float]:
+        """Items of `bucket`, the first request's first, then the next requests' in order, up to
+        `max_batch_size` items, `max_batch_cost` and `batch_s` predicted seconds (a batch always
+        holds one item); and the batch's cost."""
         line = self.lines[bucket]
         order = sorted(line.values(), key=lambda piece: piece.request.key()) if len(line) > 1 else list(line.values())
+        timed = self.times.ready
         batch: list[Entry] = []
-        cost = 0.0
-        width = 0.0  # the costliest item so far: a padded batch costs it times its size
-        limit = self.max_batch_size
-        full = False
-        while order and not full:
-            later: list[Slice] = []
-            for piece in order:
-                if len(batch) >= limit:
-                    full = True
+        total = widest = 0.0
+        for piece in order:
+            while piece.items and len(batch) < self.max_batch_size:
+                index, payload, item = piece.items[0]
+                runs = float(self.cost(payload)) if self.cost is not None else 1.0  # what it costs in a batch
+                cost = max(widest, runs) * (len(batch) + 1) if self.padded else total + runs
+                if batch and (cost > self.max_batch_cost or (timed and self.times.seconds(cost) > self.batch_s)):
                     break
-                index, payload = piece.items[0]
-                if self.cost is not None:
-                    item = self.cost(payload)
-                    total = max(width, item) * (len(batch) + 1) if self.padded else cost + item
-                    if batch and total > self.max_batch_cost:
-                        full = True
-                        break
-                    width, cost = max(width, item), cost + item
                 piece.items.popleft()
                 batch.append((piece.request, index, payload))
-                if piece.items:
-                    later.append(piece)
-                else:
-                    del line[piece.request]
-                    del piece.request.slices[bucket]
-            order = later
+                piece.request.cost_left -= item
+                widest, total = max(widest, runs), total + runs
+            if not piece.items:
+                del line[piece.request]
+                del piece.request.slices[bucket]
+            if len(batch) >= self.max_batch_size or piece.items:
+                break
         self.counts[bucket] -= len(batch)
         self.depth -= len(batch)
         taken: dict[Request, int] = {}
@@ -353,7 +430,7 @@ class Batcher:
             request.running += 1
             if not request.queued:
                 self.active.pop(request, None)
-        return batch
+        return batch, (widest * len(batch) if self.padded else total)
 
     def _dispatch(self, delay_over: bool = False) -> None:
         """Hand batches to idle workers while work is queued: the leader's bucket each time (see
@@ -368,11 +445,13 @@ class Batcher:
             if self.max_batch_delay > 0 and not delay_over and not self._filled(bucket):
                 return  # a timer looks again when the oldest item's delay is over
             alone = self.running == 0
-            batch = self._cut(bucket)
+            batch, cost = self._cut(bucket)
             lone = self.lone_backend is not None and alone and not self.depth
             self.lone_batches += lone
             self.running += 1
-            self._jobs.put(Job(bucket, batch, self.clock(), lone))
+            job = Job(bucket, batch, self.clock(), lone, cost)
+            self._running_cost[id(job)] = cost
+            self._jobs.put(job)
 
     def _filled(self, bucket: Hashable) -> bool:
         """With max_batch_delay: is `bucket`'s batch full, or has its oldest item waited long
@@ -396,6 +475,7 @@ class Batcher:
         `began` and `ended` bound the model call (time.perf_counter, on the worker thread)."""
         batch = job.batch
         self.running -= 1
+        self._running_cost.pop(id(job), None)
         now = self.clock()
         for request in {entry[0]: None for entry in batch}:
             request.running -= 1
@@ -430,6 +510,8 @@ class Batcher:
 
     def _record(self, job: Job, seconds: float) -> None:
         batch = job.batch
+        if not job.lone:  # the batch times are one worker's (a lone batch runs on every core)
+            self.times.observe(job.cost, seconds)
         rate = len(batch) / max(seconds, 1e-6) * self.workers
         self.items_per_second = rate if self.items_per_second == 0 else 0.9 * self.items_per_second + 0.1 * rate
         if self.on_batch is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ortpack import __version__
 from ortpack.kernel.policy import PolicyError, parse_requirements, split_expressions
+from ortpack.serving.memory import parse_bytes
 
 
 class ConfigError(ValueError):
@@ -35,6 +36,10 @@ class ServeConfig:
     max_batch_size: int = 32
     max_batch_tokens: int = 2048
     max_batch_delay_ms: float = 0.0
+    max_batch_ms: float = 50.0  # a batch stops at this many predicted ms (what the fast lane may wait)
+    fast_lane_ms: float = 50.0  # requests predicted to take at most this run first
+    admission: bool = True  # refuse (429) a request that cannot finish before its deadline
+    max_memory: str = ""  # bytes (or K/M/G suffix) the server may use; default: the container's limit
     max_queue_size: int = 2048
     request_timeout_ms: float = 30_000.0
     max_body_bytes: int = 4 * 1024 * 1024
@@ -72,6 +77,8 @@ class ServeConfig:
             (1 <= self.max_batch_size <= 4096, f"--max-batch-size must be in 1..4096, got {self.max_batch_size}"),
             (self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}"),
             (self.max_batch_delay_ms >= 0, f"--max-batch-delay-ms must be >= 0, got {self.max_batch_delay_ms}"),
+            (self.max_batch_ms > 0, f"--max-batch-ms must be > 0, got {self.max_batch_ms}"),
+            (self.fast_lane_ms >= 0, f"--fast-lane-ms must be >= 0, got {self.fast_lane_ms}"),
             (self.max_queue_size >= 1, f"--max-queue-size must be >= 1, got {self.max_queue_size}"),
             (self.request_timeout_ms > 0, f"--request-timeout-ms must be > 0, got {self.request_timeout_ms}"),
             (self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}"),
@@ -114,6 +121,10 @@ class ServeConfig:
             parse_requirements(self.require)
         except PolicyError as exc:
             raise ConfigError(str(exc)) from None
+        try:
+            self.memory_bytes  # noqa: B018 - parsed now, refused in one line
+        except ValueError as exc:
+            raise ConfigError(f"--max-memory: {exc}") from None
 
     @property
     def worker_count(self) -> int:
@@ -124,6 +135,11 @@ class ServeConfig:
         """Intra-op threads for a batch that runs alone; no more than --intra-op-threads means the
         lone path is off."""
         return self.lone_threads or self.worker_count * max(1, self.intra_op_threads)
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """--max-memory in bytes (None: not given)."""
+        return parse_bytes(self.max_memory) if self.max_memory else None
 
     @property
     def drain_timeout_s(self) -> float:
@@ -160,6 +176,13 @@ _HELP = {
     "max_batch_tokens": "text bundles: most padded tokens (texts x the longest) in one model call; a batch always "
     "holds one text. Bounds how long a request waits for a busy worker",
     "max_batch_delay_ms": "how long a batch may wait to fill when the model is idle (0: never wait)",
+    "max_batch_ms": "a batch stops at this many milliseconds of predicted model time (measured batch times): "
+    "how long a small request may wait for a busy worker",
+    "fast_lane_ms": "requests whose predicted model time is at most this run before larger ones",
+    "admission": "refuse at once (429, Retry-After) a request predicted to miss its deadline given the work "
+    "admitted ahead of it, instead of letting every request of an overload time out",
+    "max_memory": "memory the server may use, in bytes (K, M, G suffixes): request bodies and what they become "
+    "are admitted within what is left of it after the model; beyond, 429 before the body is read",
     "max_queue_size": "most items waiting; a request that does not fit now gets 429 with Retry-After",
     "request_timeout_ms": "per-request deadline from its arrival (body, tokenizing, queue, model): 504",
     "max_body_bytes": "largest request body; larger gets 413",
@@ -217,6 +240,7 @@ _DEFAULT_TEXT = {
     "bundle_wait_s": "0, or 300 with MODEL_INIT_MODE=async",
     "trust_key": "none",
     "require": "none",
+    "max_memory": "the container's memory limit (cgroup), else the machine's memory",
 }
 
 

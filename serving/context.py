@@ -23,6 +23,8 @@ class RequestContext:
     arrival: float  # time.perf_counter() when the request's first byte was read
     deadline: float  # time.perf_counter() by which it must be answered
     items: int = 0  # texts or images queued for the model
+    reserved: int = 0  # bytes of the server's memory budget it holds (ortpack.serving.memory)
+    body_bytes: int = 0  # its body's size, once read
     tokens: int = 0  # real tokens of its texts
     queue_s: float | None = None  # queued until its first model call started
     inference_s: float | None = None  # its first model call's start to its last one's end

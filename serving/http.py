@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import re
 import time
 import uuid
@@ -38,6 +39,7 @@ from ortpack.serving.errors import (
     from_input_error,
     status_of,
 )
+from ortpack.serving.memory import EXPANSION
 from ortpack.serving.stages import breakdown
 
 if TYPE_CHECKING:
@@ -109,6 +111,12 @@ class Served(Protocol):
 
     async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]: ...
 
+    def admit_body(self, size: int) -> None: ...
+
+    def hold(self, size: int, what: str) -> None: ...
+
+    def release(self, size: int) -> None: ...
+
 
 def service_of(request: Request) -> Served:
     service: Served = request.app.state.service
@@ -130,16 +138,28 @@ def config_of(request: Request) -> ServeConfig:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing bodies over `limit` bytes without reading them all."""
+    """The request body, refusing bodies over `limit` bytes without reading them all. Before
+    reading, the service admits it (ModelService.admit_body: a request that could not finish in
+    time, or whose body the memory budget cannot hold, is refused with 429 unread); a body
+    without a Content-Length is admitted again as it arrives."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+    service = service_of(request)
+    known = int(declared) if declared is not None and declared.isdigit() else 0
+    service.admit_body(known)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise PayloadTooLargeError(f"request body exceeds the {limit}-byte limit")
+        if size > known:  # chunked: held as it arrives
+            service.hold(int((size - known) * EXPANSION), "its body")
+            known = size
         chunks.append(chunk)
+    ctx = context.current()
+    if ctx is not None:
+        ctx.body_bytes = size
     return b"".join(chunks)
 
 
@@ -253,6 +273,24 @@ def _error_answer(code: int) -> dict[str, Any]:
     }
 
 
+TIMEOUT_HEADER = "x-request-timeout"  # the client's own deadline, in seconds from sending
+
+
+def client_timeout(request: Request, server_s: float) -> float:
+    """The request's budget in seconds: the server's (--request-timeout-ms), or the client's
+    `X-Request-Timeout` when that is shorter (400 unless a positive number of seconds)."""
+    given = request.headers.get(TIMEOUT_HEADER)
+    if given is None:
+        return server_s
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise InvalidRequestError(f"X-Request-Timeout must be a positive number of seconds, got {given!r}")
+    return min(seconds, server_s)
+
+
 def request_id_of(request: Request) -> str:
     given = request.headers.get("x-request-id")
     return given if given is not None and _REQUEST_ID.match(given) else uuid.uuid4().hex
@@ -295,6 +333,7 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
         try:
             if key is not None and not authorized(request, key):
                 raise unauthorized(request)
+            ctx.deadline = arrival + client_timeout(request, timeout_s)
             response = await spec.handler(request)
         except ServeError as exc:
             response = error_response(exc)
@@ -315,6 +354,8 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
         finally:
             metrics.in_flight.dec()
             unbind(token)
+            if ctx.reserved:
+                service_of(request).release(ctx.reserved)
         status = response.status_code
         reason = _REJECTED.get(status)
         if reason:

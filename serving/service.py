@@ -37,12 +37,16 @@ from ortpack.kernel.selection import candidate_variants
 from ortpack.serving import context
 from ortpack.serving.batcher import Batcher
 from ortpack.serving.config import ServeConfig
-from ortpack.serving.errors import NotReadyError
+from ortpack.serving.errors import NotReadyError, OverloadedError
+from ortpack.serving.memory import EXPANSION, MemoryBudget
 from ortpack.serving.metrics import Metrics
 from ortpack.serving.startup import Timeline
 from ortpack.serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
+# Bytes a request's payloads take at their peak per byte they hold: a decoded image's pixels, then
+# the float copies the graph's preprocessing makes of them (uint8 -> float32 before resizing: 4x)
+PAYLOAD_EXPANSION = 5
 
 
 @dataclass
@@ -69,6 +73,10 @@ class ModelService:
     timeline: Timeline = field(default_factory=Timeline)  # the start-up phases
     # opens the lone engine (a batch that runs alone, on every core): after ready, see `open_lone`
     lone_opener: Callable[[], Engine] | None = None
+    memory: MemoryBudget = field(default_factory=lambda: MemoryBudget(None))  # set at start, once warm
+    max_memory: int | None = None  # --max-memory (None: the container's limit)
+    cost_per_byte: float = 0.0  # what a body byte has cost the model (its units), smoothed
+    _lone_thread: threading.Thread | None = None
 
     @functools.cached_property
     def space(self) -> EmbeddingSpace | None:
@@ -76,10 +84,43 @@ class ModelService:
         once, every embeddings answer names it."""
         return embedding_space(self.manifest, self.variant)
 
+    def admit_body(self, size: int) -> None:
+        """Before a request's body of `size` bytes (0: unknown yet) is read: refuse it at once (429)
+        when no request could finish in the time it has left, or when what it will hold does not
+        fit the memory budget; else hold that memory until it is answered."""
+        ctx = context.current()
+        # half what bodies of this size cost so far (a body's texts may be cut to --max-tokens)
+        self.batcher.precheck(ctx.remaining() if ctx is not None else self.timeout_s, size * self.cost_per_byte / 2)
+        self.hold(int(size * EXPANSION), "its body")
+
+    def hold(self, size: int, what: str) -> None:
+        """Hold `size` more bytes of the memory budget for the current request (429 beyond it)."""
+        if size <= 0:
+            return
+        if not self.memory.reserve(size):
+            raise OverloadedError(
+                f"overloaded: the server's memory budget is held by the requests in progress (this one needs "
+                f"{size / 1e6:.1f} MB for {what}); retry later",
+                headers={"Retry-After": str(self.batcher.retry_after())},
+            )
+        ctx = context.current()
+        if ctx is not None:
+            ctx.reserved += size
+
+    def release(self, size: int) -> None:
+        self.memory.release(size)
+
     async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]:
         """Queue one request's items and wait for their outputs (in order)."""
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
+        # decoded images are larger than their files: their pixels, and the float copies the graph makes
+        self.hold(sum(getattr(p, "nbytes", 0) for p in payloads) * PAYLOAD_EXPANSION, "its decoded inputs")
+        ctx = context.current()
+        if ctx is not None and ctx.body_bytes:  # what a body byte costs the model, for `admit_body`
+            cost = sum(self.batcher.item_cost(p, b) for p, b in zip(payloads, buckets, strict=True))
+            ratio = cost / ctx.body_bytes
+            self.cost_per_byte = ratio if not self.cost_per_byte else 0.9 * self.cost_per_byte + 0.1 * ratio
         self.metrics.queue_depth.set(self.batcher.depth + len(payloads))
         items = await self.batcher.submit(payloads, buckets, self.timeout_s)
         ctx = context.current()
@@ -93,8 +134,17 @@ class ModelService:
         start-up). Returns (batches, seconds)."""
         batches = self.engine.warm_up_batches(max_batch_size)
         started = time.perf_counter()
+
+        def timed(batch: list[Any]) -> None:
+            began = time.perf_counter()
+            self.engine.run(batch)
+            costs = [self.engine.cost(p) for p in batch]  # the batch times admission predicts with
+            self.batcher.times.observe(
+                max(costs) * len(costs) if self.engine.padded else sum(costs), time.perf_counter() - began
+            )
+
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
-            list(pool.map(self.engine.run, batches))
+            list(pool.map(timed, batches))
         return len(batches), time.perf_counter() - started
 
     def open_lone(self, max_batch_size: int, warmup: bool = True) -> None:
@@ -134,17 +184,27 @@ class ModelService:
             thread = self._warm_up_thread
         if thread is not None:
             await asyncio.to_thread(thread.join)
+        self.memory = MemoryBudget.for_server(self.max_memory)  # what is left once the model is loaded and warm
         self.ready = True
         self.metrics.ready.set(1)
         if self.lone_opener is not None:
-            threading.Thread(
+            self._lone_thread = threading.Thread(
                 target=self.open_lone, args=(config.max_batch_size, config.warmup), name="ortpack-lone", daemon=True
-            ).start()
+            )
+            self._lone_thread.start()
 
     async def stop(self) -> None:
         self.ready, self.draining = False, True
         self.metrics.ready.set(0)
         await self.batcher.stop(drain=True)
+        await asyncio.to_thread(self.join_threads)
+
+    def join_threads(self, timeout_s: float = 60.0) -> None:
+        """Wait for the warm-up and the lone session's opening to end: a process must not exit while
+        ONNX Runtime creates a session or runs on another thread (it aborts, exit 134)."""
+        for thread in (getattr(self, "_warm_up_thread", None), self._lone_thread):
+            if thread is not None and thread.is_alive():
+                thread.join(timeout_s)
 
 
 def _batcher(engine: Engine, config: ServeConfig, metrics: Metrics, lone: bool) -> Batcher:
@@ -161,6 +221,9 @@ def _batcher(engine: Engine, config: ServeConfig, metrics: Metrics, lone: bool) 
         max_batch_cost=engine.max_batch_cost,
         units=engine.units,
         lone_threads=config.lone_thread_count if lone else 1,
+        batch_s=config.max_batch_ms / 1000.0,
+        fast_s=config.fast_lane_ms / 1000.0,
+        admission=config.admission,
     )
 
 
@@ -349,6 +412,7 @@ def _open(
         online_optimization=plan.online_optimization,
         load_reason=f"{plan.providers[0]}: {plan.reason}",
         lone_opener=lone_opener,
+        max_memory=config.memory_bytes,
     ), batching
 
 

@@ -235,9 +235,9 @@ def test_a_request_that_can_never_fit_is_413_not_429() -> None:
 
 
 def test_small_requests_go_ahead_of_a_big_one_queued_before_them() -> None:
-    """Fairness: a 300-item request runs one batch at a time, and a one-item request sent while
-    it runs is in the next batch (before: after all 300, as its items' shared enqueue time was
-    the oldest), in another bucket as in the same one."""
+    """The fast lane: a 300-item request runs one batch at a time, and a one-item request sent
+    while it runs is in the next batch, in another bucket as in the same one (where the big
+    request's items fill the rest of the batch)."""
     backend = RecordingBackend()
     backend.gate.clear()
     batcher = Batcher(backend, max_batch_size=32, max_queue_size=1000, workers=1)
@@ -258,8 +258,9 @@ def test_small_requests_go_ahead_of_a_big_one_queued_before_them() -> None:
     assert sum(len(b) for b in backend.batches) == 302
 
 
-def test_requests_share_a_bucket_round_robin() -> None:
-    """Within a bucket, a batch takes one item per request per round."""
+def test_a_batch_takes_the_first_requests_items_first() -> None:
+    """Within a bucket, a batch takes the first request's items (the fast lane's: it fits one
+    batch), then the next request's: the first finishes, nobody is shared into lateness."""
     backend = RecordingBackend()
     backend.gate.clear()
     batcher = Batcher(backend, max_batch_size=4, max_queue_size=100, workers=1)
@@ -274,7 +275,7 @@ def test_requests_share_a_bucket_round_robin() -> None:
         await asyncio.gather(held, a, b)
 
     run(_with(batcher, body()))
-    assert backend.batches[1] == [10, 20, 11, 21] and backend.batches[2] == [12, 13, 14]
+    assert backend.batches[1] == [20, 21, 10, 11] and backend.batches[2] == [12, 13, 14]
 
 
 def test_a_caller_that_goes_away_frees_its_queued_items() -> None:

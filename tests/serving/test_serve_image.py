@@ -6,6 +6,7 @@ what it installs is tested here: the same `pip install ".[serve]"` the Dockerfil
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def test_serve_extra_alone_serves_a_bundle(tiny_bundle: Path, tmp_path: Path) ->
         "[m for m in ('torch', 'transformers', 'kfp', 'components', 'pipelines', 'serving', 'kernel', 'torchvision', "
         "'onnx', 'ortpack.components', 'ortpack.pipelines') if u.find_spec(m)]))"
     )
-    absent = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True)
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the fresh venv's packages only
+    absent = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True, env=alone)
     assert absent.stdout.strip() == "[]"
 
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -60,7 +62,7 @@ def test_serve_extra_alone_serves_a_bundle(tiny_bundle: Path, tmp_path: Path) ->
     assert size <= BUDGET_MB, f"the serve extra installs {size:.0f} MB (budget {BUDGET_MB} MB)"
 
     # run from tmp_path so the installed package, not this checkout, is imported
-    with running_server(tiny_bundle, log_dir=tmp_path, python=python, cwd=tmp_path) as server:
+    with running_server(tiny_bundle, log_dir=tmp_path, python=python, cwd=tmp_path, env={"PYTHONPATH": ""}) as server:
         answer = httpx.post(f"{server.url}/v1/embeddings", json={"input": "served from the slim install"})
         assert answer.status_code == 200 and len(answer.json()["data"][0]["embedding"]) == 64
 

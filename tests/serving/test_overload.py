@@ -1,0 +1,189 @@
+"""Overload: admission by predicted completion (what is admitted finishes; the rest is refused at
+once with Retry-After), the client's own deadline, the memory budget, and a SIGTERM at any moment
+of the start. Behaviour only, never timings: the model's time comes from fake backends that sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ortpack.serving.admission import BatchTimes, Planned, admit
+from ortpack.serving.batcher import Batcher
+from ortpack.serving.errors import DeadlineExceededError, OverloadedError
+from ortpack.serving.memory import MemoryBudget, parse_bytes
+from tests.fakes import SlowBackend, in_process
+from tests.servers import free_port
+
+
+class Sleeper:
+    """A model that takes `per_item` seconds per item (sleeping, so the machine's load does not matter)."""
+
+    def __init__(self, per_item: float) -> None:
+        self.per_item = per_item
+
+    def run(self, payloads: Sequence[Any]) -> np.ndarray:
+        time.sleep(self.per_item * len(payloads))
+        return np.zeros((len(payloads), 2))
+
+
+def test_batch_times_fit_a_fixed_and_a_per_unit_cost() -> None:
+    times = BatchTimes()
+    assert not times.ready and times.cost_within(1.0) == float("inf")
+    for cost in (10, 20, 40, 80, 10, 40):
+        times.observe(cost, 0.002 + 0.001 * cost)
+    a, b = times.coefficients()
+    assert times.ready and a == pytest.approx(0.002, abs=1e-6) and b == pytest.approx(0.001, rel=1e-4)
+    assert times.seconds(100, batches=2) == pytest.approx(0.104, rel=1e-4)
+    assert times.cost_within(0.05) == pytest.approx(48, rel=1e-3)
+
+
+def test_admission_keeps_the_promises_made_to_admitted_requests() -> None:
+    """A request is refused when it would finish late, or when it would make a request behind it
+    (a later deadline) late that would have made it; the fast lane goes ahead of both."""
+    now = 100.0
+    queued = [Planned(fast=False, deadline=now + 10, arrival=now - 1, seconds=6.0)]
+    assert admit(Planned(fast=False, deadline=now + 10, arrival=now, seconds=2.0), queued, now, workers=1).admitted
+    late = admit(Planned(fast=False, deadline=now + 10, arrival=now, seconds=4.0), queued, now, workers=1)
+    assert not late.admitted and late.retry_after >= 1 and "deadline" in late.reason
+    assert admit(Planned(fast=False, deadline=now + 10, arrival=now, seconds=4.0), queued, now, workers=2).admitted
+    # a short deadline jumps ahead in the order, but not at the cost of the request already admitted
+    jumper = Planned(fast=False, deadline=now + 5, arrival=now, seconds=3.0)
+    verdict = admit(jumper, queued, now, workers=1)
+    assert not verdict.admitted and "admitted work would be late" in verdict.reason
+    assert admit(Planned(fast=True, deadline=now + 30, arrival=now, seconds=0.01), queued, now, workers=1).admitted
+
+
+def test_admitted_work_finishes_and_the_rest_is_refused_at_once() -> None:
+    """Twelve requests of 4 items where a 1 s deadline fits about four: those admitted are all
+    answered (no 504), the others are refused when they arrive, with a Retry-After."""
+    batcher = Batcher(Sleeper(0.04), max_batch_size=4, max_queue_size=1000, workers=1, cost=lambda p: 1.0)
+    for _ in range(8):
+        batcher.times.observe(4.0, 0.16)  # what the warm-up would have measured
+    outcomes: list[str] = []
+    retry: list[int] = []
+
+    async def one(i: int) -> None:
+        try:
+            await batcher.submit([i] * 4, [0] * 4, 1.0)
+            outcomes.append("200")
+        except OverloadedError as exc:
+            outcomes.append("429")
+            retry.append(int(exc.headers["Retry-After"]))
+        except DeadlineExceededError:
+            outcomes.append("504")
+
+    async def body() -> None:
+        batcher.start()
+        try:
+            await asyncio.gather(*(one(i) for i in range(12)))
+        finally:
+            await batcher.stop()
+
+    asyncio.run(body())
+    assert outcomes.count("504") == 0, outcomes
+    assert outcomes.count("200") >= 2 and outcomes.count("429") >= 4, outcomes
+    assert all(r >= 1 for r in retry) and batcher.refused == outcomes.count("429")
+
+
+def test_a_client_deadline_shortens_the_budget_and_a_bad_one_is_400(tiny_bundle: Path) -> None:
+    """X-Request-Timeout (seconds) shortens the server's deadline, never lengthens it: a request
+    that cannot finish within its own deadline is refused at once (429), not run to be late."""
+
+    async def body() -> tuple[int, int, int, str]:
+        async with in_process(tiny_bundle, workers=1, backend=lambda b: SlowBackend(b, 0.05)) as s:
+            bulk = {"input": [f"text {i}" for i in range(40)]}  # 2 s of model time
+            for _ in range(3):  # the batch times of the slow model replace the warm-up's
+                await s.client.post("/v1/embeddings", json={"input": ["warm"] * 8})
+            fits = await s.client.post("/v1/embeddings", json=bulk)
+            short = await s.client.post("/v1/embeddings", json=bulk, headers={"X-Request-Timeout": "0.5"})
+            bad = await s.client.post("/v1/embeddings", json=bulk, headers={"X-Request-Timeout": "soon"})
+            return fits.status_code, short.status_code, bad.status_code, short.headers.get("retry-after", "")
+
+    fits, short, bad, retry_after = asyncio.run(body())
+    assert (fits, short, bad) == (200, 429, 400)
+    assert retry_after.isdigit() and int(retry_after) >= 1
+
+
+def test_the_memory_budget_refuses_a_body_before_reading_it(tiny_bundle: Path) -> None:
+    async def body() -> tuple[int, str, int, int]:
+        async with in_process(tiny_bundle) as s:
+            s.service.memory = MemoryBudget(100_000)
+            assert s.service.memory.reserve(90_000)  # the requests in progress hold most of it
+            refused = await s.client.post("/v1/embeddings", json={"input": ["x" * 10_000]})
+            s.service.memory.release(90_000)
+            served = await s.client.post("/v1/embeddings", json={"input": ["x" * 10_000]})
+            return refused.status_code, refused.json()["error"]["message"], served.status_code, s.service.memory.held
+
+    refused, message, served, held = asyncio.run(body())
+    assert refused == 429 and "memory budget" in message
+    assert served == 200 and held == 0  # every reservation is released with its answer
+
+
+def test_memory_sizes_and_limits() -> None:
+    assert parse_bytes("1G") == 1 << 30 and parse_bytes("1536MiB") == 1536 << 20 and parse_bytes("4096") == 4096
+    with pytest.raises(ValueError, match="not a size"):
+        parse_bytes("lots")
+    budget = MemoryBudget(1000)
+    assert budget.reserve(2000)  # the only request: it fits an idle budget whatever its size
+    assert not budget.reserve(1) and budget.refused == 1
+    budget.release(2000)
+    assert budget.reserve(900) and budget.held == 900
+
+
+@pytest.mark.parametrize(
+    "phase",
+    [
+        "fetching and verifying",  # fetch, verification, the model loading, the node check
+        "loaded",  # the node check just passed; warm-up under way
+        "ready:",  # just ready: the lone session opening
+        "lone session: opened",  # serving
+    ],
+)
+def test_sigterm_at_any_moment_of_the_start_exits_0(tiny_bundle: Path, tmp_path: Path, phase: str) -> None:
+    """Before, during and just after ready (loading, the node check, warm-up, the lone session
+    opening): a SIGTERM ends the process with exit 0, never an abort."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ortpack.serving", "--bundle", str(tiny_bundle), "--port", str(free_port())],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            text = log.read_text()
+            if phase in text:
+                break
+            time.sleep(0.005)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 0, log.read_text()[-2000:]
+    assert "terminate called" not in log.read_text()
+
+
+def test_a_signal_during_start_up_is_remembered_not_fatal() -> None:
+    """The start's signal handler only sets a flag: the start ends after the phase in progress."""
+    from ortpack.serving.__main__ import early_stop
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop = early_stop()
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.is_set() and stop.name == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
