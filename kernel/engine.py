@@ -93,6 +93,7 @@ class Engine(Protocol):
     units: str  # what `cost` counts: "tokens", "pixels"
     padded: bool  # a batch costs its longest item times its size (tokens), else the sum (pixels)
     max_batch_cost: float  # a batch stops there (it always holds one item)
+    cost_per_byte: float  # a request body byte's cost, as a first guess (a server learns it)
     batching: str  # how it batches, for the start-up line
 
     def run(self, payloads: Sequence[Any]) -> list[Item]:

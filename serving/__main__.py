@@ -190,7 +190,7 @@ def build(config: Any, timeline: Any = None, prehash: Any = None) -> Any:
     cache.mkdir(parents=True, exist_ok=True)
     wait_for_local_bundle(config.bundle, config.bundle_wait_s or (300.0 if os.environ.get(ASYNC_ENV) == "async" else 0))
     began = timeline.now()
-    log.info("bundle %s: fetching and verifying", config.bundle)
+    log.debug("bundle %s: fetching and verifying", config.bundle)
     fetched = fetch(config.bundle, cache)
     try:
         signature = check_signature(fetched.path, getattr(config, "trust_key", ""))  # before anything is loaded

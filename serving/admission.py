@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-DECAY = 0.98  # per observed batch: the fit follows the last ~50 batches
+DECAY = 0.99  # per observed batch: the fit follows the last ~100 batches (a burst's slowdown passes)
 SAFETY = 0.85  # plan to finish within this share of a request's remaining budget
 MIN_BATCHES = 3  # observations before predictions are trusted (the warm-up gives more)
 
@@ -93,6 +93,7 @@ class Planned:
     deadline: float
     arrival: float
     seconds: float
+    cost: float = 0.0  # the work in the engine's units (padded tokens, pixels)
 
     def order(self) -> tuple[bool, float, float]:
         return (not self.fast, self.deadline, self.arrival)
@@ -106,19 +107,28 @@ class Verdict:
     reason: str = ""
 
 
-def admit(new: Planned, admitted: Iterable[Planned], now: float, workers: int, running_s: float = 0.0) -> Verdict:
-    """Whether `new` and every request that would run after it finish within `SAFETY` of their
-    remaining budgets, the work shared by `workers` (`running_s`: worker-seconds left of the batches
-    running now). Requests ahead of `new` are not delayed by it, so they are not checked."""
-    ordered = sorted(admitted, key=Planned.order)
-    ahead = running_s + sum(p.seconds for p in ordered if p.order() < new.order())
+def admit(
+    new: Planned,
+    admitted: Iterable[Planned],
+    now: float,
+    workers: int,
+    running_s: float = 0.0,
+    expected: Iterable[Planned] = (),
+) -> Verdict:
+    """Whether `new` and every admitted request that would run after it finish within `SAFETY` of
+    their remaining budgets, the work shared by `workers` (`running_s`: worker-seconds left of the
+    batches running now). `expected`: requests let in whose work is still being prepared (their
+    bodies read and tokenized), estimated: counted when they run ahead of `new`, not protected
+    from it. Requests ahead of `new` are not delayed by it, so they are not checked."""
+    queued = sorted(admitted, key=Planned.order)
+    ahead = running_s + sum(p.seconds for p in [*queued, *expected] if p.order() < new.order())
     finish = now + (ahead + new.seconds) / workers
     allowed = now + SAFETY * (new.deadline - now)
     if finish > allowed:
         late = finish - allowed
         return Verdict(False, finish, max(1, math.ceil(late)), "it cannot finish before its deadline")
     done = ahead + new.seconds
-    for planned in ordered:  # those behind `new`: each must still make it, if it would have without it
+    for planned in queued:  # those behind `new`: each must still make it, if it would have without it
         if planned.order() < new.order():
             continue
         done += planned.seconds

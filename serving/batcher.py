@@ -15,7 +15,9 @@ running the backend.
 - Admission by predicted completion (ortpack.serving.admission): once the batch times are known
   (the warm-up measures them), a request is admitted only when, in that order, it and every
   request behind it finish before their deadlines; otherwise it is refused at once (429) with a
-  `Retry-After` of the predicted time until it would fit.
+  `Retry-After` of the predicted time until it would fit. The check runs before the body is read
+  (`precheck`, the work estimated from the body's size), so a refusal costs no reading or
+  tokenizing, and again once the inputs are prepared if they are much more work than estimated.
 - Scheduling is synchronous, on the event loop, at the two moments it can change anything: when
   a request is queued and when a batch finishes. A request that finds a worker idle is cut into
   a batch and handed to that worker inside `submit`, before the event loop runs anything else:
@@ -71,6 +73,9 @@ from ortpack.serving.errors import (
 )
 
 log = logging.getLogger("ortpack.serve")
+# A request let in before its body was read (its work estimated from its size) is checked again
+# once its inputs are prepared only when its work is more than this times the estimate
+ESTIMATE_SLACK = 1.25
 
 
 class Backend(Protocol):
@@ -189,6 +194,7 @@ class Batcher:
         self.fast_s = fast_s
         self.admission = admission
         self.refused = 0  # requests refused by admission
+        self.expected: dict[Hashable, Planned] = {}  # prechecked requests not yet submitted
         self._running_cost: dict[int, float] = {}  # id(job) -> its cost, while it runs
         self.max_queue_size = max_queue_size
         self.workers = workers
@@ -244,6 +250,7 @@ class Batcher:
         """Seconds a refused client should wait: the time to work through the queue, at least 1."""
         if self.times.ready:
             queued = sum(self._seconds(r.cost_left) for r in self.active) + self._running_seconds()
+            queued += sum(p.seconds for p in self.expected.values())
             return max(1, math.ceil(queued / self.workers))
         if self.items_per_second <= 0:
             return 1
@@ -270,18 +277,26 @@ class Batcher:
         """Worker-seconds left of the batches running now (half of each, on average)."""
         return sum(self.times.seconds(cost) for cost in self._running_cost.values()) / 2
 
-    def precheck(self, budget_s: float, cost: float = 0.0) -> None:
+    def precheck(self, budget_s: float, cost: float = 0.0, key: Hashable = None) -> None:
         """Refuse at once (429) a request of about `cost` (an estimate from its body's size) with
         `budget_s` left that could not finish: called before its body is read, so a flood is
-        answered without reading it."""
+        answered without reading it. An admitted one is `expected` under `key` until it is
+        submitted (its body read and tokenized meanwhile) or `forget`: requests arriving together
+        count each other's work."""
         if not (self.admission and self.times.ready):
             return
         now = self.clock()
         seconds = self._seconds(cost)
-        new = Planned(fast=seconds <= self.fast_s, deadline=now + budget_s, arrival=now, seconds=seconds)
-        verdict = admit(new, self._planned(), now, self.workers, self._running_seconds())
+        new = Planned(fast=seconds <= self.fast_s, deadline=now + budget_s, arrival=now, seconds=seconds, cost=cost)
+        verdict = admit(new, self._planned(), now, self.workers, self._running_seconds(), self.expected.values())
         if not verdict.admitted:
-            self._refuse(verdict, budget_s)
+            self._refuse(verdict, budget_s, "before its body was read")
+        if key is not None:
+            self.expected[key] = new
+
+    def forget(self, key: Hashable) -> None:
+        """The request `key` was prechecked and will not be submitted (refused, failed, answered)."""
+        self.expected.pop(key, None)
 
     def _planned(self) -> list[Planned]:
         return [
@@ -289,8 +304,22 @@ class Batcher:
             for r in self.active
         ]
 
-    def _refuse(self, verdict: Verdict, budget_s: float) -> None:
+    def _refuse(self, verdict: Verdict, budget_s: float, where: str) -> None:
         self.refused += 1
+        if log.isEnabledFor(logging.DEBUG):
+            a, b = self.times.coefficients()
+            log.debug(
+                "refused %s: predicted finish %.2f s (%s); batch time %.4f + %.3g x cost s; %d queued, %d expected, "
+                "%.2f s running",
+                where,
+                verdict.finish - self.clock(),
+                verdict.reason,
+                a,
+                b,
+                len(self.active),
+                len(self.expected),
+                self._running_seconds(),
+            )
         raise OverloadedError(
             f"overloaded: this request would finish in {verdict.finish - self.clock():.1f} s, past its "
             f"{budget_s:.1f} s deadline ({verdict.reason}); retry later",
@@ -314,6 +343,7 @@ class Batcher:
                 headers={"Retry-After": str(self.retry_after())},
             )
         ctx = context.current()
+        estimate = self.expected.pop(id(ctx), None) if ctx is not None else None  # from its precheck
         if ctx is not None:
             ctx.check_deadline("before queueing")
             timeout_s = min(timeout_s, ctx.remaining())
@@ -324,11 +354,14 @@ class Batcher:
         # the fast lane: a request that runs as one short batch (before any batch was timed: one batch)
         one_batch = n <= self.max_batch_size and cost <= self.max_batch_cost
         fast = one_batch and (seconds <= self.fast_s or not self.times.ready)
-        if self.admission and self.times.ready:
+        # let in before its body was read, with room held for about this much work: admitted, unless
+        # it turned out much larger (its texts longer than its body's size said)
+        let_in = estimate is not None and cost <= ESTIMATE_SLACK * estimate.cost
+        if self.admission and self.times.ready and not let_in:
             new = Planned(fast=fast, deadline=now + timeout_s, arrival=now, seconds=seconds)
-            verdict = admit(new, self._planned(), now, self.workers, self._running_seconds())
+            verdict = admit(new, self._planned(), now, self.workers, self._running_seconds(), self.expected.values())
             if not verdict.admitted:
-                self._refuse(verdict, timeout_s)
+                self._refuse(verdict, timeout_s, "once its inputs were prepared")
         if ctx is not None:
             ctx.items += n
         request = Request(

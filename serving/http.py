@@ -115,7 +115,7 @@ class Served(Protocol):
 
     def hold(self, size: int, what: str) -> None: ...
 
-    def release(self, size: int) -> None: ...
+    def finished(self, ctx: RequestContext) -> None: ...
 
 
 def service_of(request: Request) -> Served:
@@ -354,8 +354,8 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
         finally:
             metrics.in_flight.dec()
             unbind(token)
-            if ctx.reserved:
-                service_of(request).release(ctx.reserved)
+            if getattr(request.app.state, "service", None) is not None:
+                service_of(request).finished(ctx)
         status = response.status_code
         reason = _REJECTED.get(status)
         if reason:

@@ -75,7 +75,7 @@ class ModelService:
     lone_opener: Callable[[], Engine] | None = None
     memory: MemoryBudget = field(default_factory=lambda: MemoryBudget(None))  # set at start, once warm
     max_memory: int | None = None  # --max-memory (None: the container's limit)
-    cost_per_byte: float = 0.0  # what a body byte has cost the model (its units), smoothed
+    cost_per_byte: float = 0.0  # what a body byte has cost the model (its units), smoothed; set at start
     _lone_thread: threading.Thread | None = None
 
     @functools.cached_property
@@ -89,8 +89,9 @@ class ModelService:
         when no request could finish in the time it has left, or when what it will hold does not
         fit the memory budget; else hold that memory until it is answered."""
         ctx = context.current()
-        # half what bodies of this size cost so far (a body's texts may be cut to --max-tokens)
-        self.batcher.precheck(ctx.remaining() if ctx is not None else self.timeout_s, size * self.cost_per_byte / 2)
+        # what bodies cost per byte so far (an estimate: a body's texts may be cut to --max-tokens)
+        budget = ctx.remaining() if ctx is not None else self.timeout_s
+        self.batcher.precheck(budget, size * self.cost_per_byte, id(ctx) if ctx is not None else None)
         self.hold(int(size * EXPANSION), "its body")
 
     def hold(self, size: int, what: str) -> None:
@@ -107,8 +108,11 @@ class ModelService:
         if ctx is not None:
             ctx.reserved += size
 
-    def release(self, size: int) -> None:
-        self.memory.release(size)
+    def finished(self, ctx: Any) -> None:
+        """The request of `ctx` is answered: its memory and any admission estimate are released."""
+        self.batcher.forget(id(ctx))
+        if ctx.reserved:
+            self.memory.release(ctx.reserved)
 
     async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]:
         """Queue one request's items and wait for their outputs (in order)."""
@@ -185,6 +189,7 @@ class ModelService:
         if thread is not None:
             await asyncio.to_thread(thread.join)
         self.memory = MemoryBudget.for_server(self.max_memory)  # what is left once the model is loaded and warm
+        self.cost_per_byte = self.cost_per_byte or self.engine.cost_per_byte
         self.ready = True
         self.metrics.ready.set(1)
         if self.lone_opener is not None:

@@ -154,7 +154,8 @@ def test_sigterm_at_any_moment_of_the_start_exits_0(tiny_bundle: Path, tmp_path:
     log = tmp_path / "server.log"
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "ortpack.serving", "--bundle", str(tiny_bundle), "--port", str(free_port())],
+            [sys.executable, "-m", "ortpack.serving", "--bundle", str(tiny_bundle), "--port", str(free_port())]
+            + ["--log-level", "debug"],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
