@@ -76,6 +76,7 @@ log = logging.getLogger("ortpack.serve")
 # A request let in before its body was read (its work estimated from its size) is checked again
 # once its inputs are prepared only when its work is more than this times the estimate
 ESTIMATE_SLACK = 1.25
+FAST_WINDOW_S = 5.0  # how far back the fast lane's share of the workers is measured
 
 
 class Backend(Protocol):
@@ -195,6 +196,7 @@ class Batcher:
         self.admission = admission
         self.refused = 0  # requests refused by admission
         self.expected: dict[Hashable, Planned] = {}  # prechecked requests not yet submitted
+        self._fast_work: deque[tuple[float, float]] = deque()  # (end, worker-seconds) of fast-lane batches
         self._running_cost: dict[int, float] = {}  # id(job) -> its cost, while it runs
         self.max_queue_size = max_queue_size
         self.workers = workers
@@ -273,6 +275,17 @@ class Batcher:
         batches = max(1, math.ceil(cost / per_batch)) if math.isfinite(per_batch) and per_batch > 0 else 1
         return self.times.seconds(cost, batches)
 
+    def _capacity(self, fast: bool) -> float:
+        """Workers the new request's work is spread over: all of them for the fast lane; for the
+        others, less what the fast lane took over the last `FAST_WINDOW_S` (it goes first)."""
+        if fast:
+            return float(self.workers)
+        now = self.clock()
+        while self._fast_work and self._fast_work[0][0] < now - FAST_WINDOW_S:
+            self._fast_work.popleft()
+        taken = sum(seconds for _, seconds in self._fast_work) / FAST_WINDOW_S
+        return max(self.workers * 0.25, self.workers - taken)
+
     def _running_seconds(self) -> float:
         """Worker-seconds left of the batches running now (half of each, on average)."""
         return sum(self.times.seconds(cost) for cost in self._running_cost.values()) / 2
@@ -288,7 +301,8 @@ class Batcher:
         now = self.clock()
         seconds = self._seconds(cost)
         new = Planned(fast=seconds <= self.fast_s, deadline=now + budget_s, arrival=now, seconds=seconds, cost=cost)
-        verdict = admit(new, self._planned(), now, self.workers, self._running_seconds(), self.expected.values())
+        capacity = self._capacity(new.fast)
+        verdict = admit(new, self._planned(), now, capacity, self._running_seconds(), self.expected.values())
         if not verdict.admitted:
             self._refuse(verdict, budget_s, "before its body was read")
         if key is not None:
@@ -359,7 +373,8 @@ class Batcher:
         let_in = estimate is not None and cost <= ESTIMATE_SLACK * estimate.cost
         if self.admission and self.times.ready and not let_in:
             new = Planned(fast=fast, deadline=now + timeout_s, arrival=now, seconds=seconds)
-            verdict = admit(new, self._planned(), now, self.workers, self._running_seconds(), self.expected.values())
+            capacity = self._capacity(fast)
+            verdict = admit(new, self._planned(), now, capacity, self._running_seconds(), self.expected.values())
             if not verdict.admitted:
                 self._refuse(verdict, timeout_s, "once its inputs were prepared")
         if ctx is not None:
@@ -510,6 +525,8 @@ class Batcher:
         self.running -= 1
         self._running_cost.pop(id(job), None)
         now = self.clock()
+        if batch and batch[0][0].fast:  # worker-seconds the fast lane took: not the larger requests'
+            self._fast_work.append((now, (ended - began) * (self.lone_threads if job.lone else 1)))
         for request in {entry[0]: None for entry in batch}:
             request.running -= 1
             request.turn = now

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -29,14 +30,30 @@ INLINE_CHARS = 4096
 T = TypeVar("T")
 
 
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _turn() -> asyncio.Semaphore:
+    """The event loop's one tokenizing thread at a time (a semaphore belongs to one loop)."""
+    loop = asyncio.get_running_loop()
+    turn = _TURNS.get(loop)
+    if turn is None:
+        turn = _TURNS[loop] = asyncio.Semaphore(1)
+    return turn
+
+
 async def tokenize(work: Callable[[], T], inline: bool) -> T:
     """`work()` (a tokenization) inline or on a thread, timed as the request's tokenize stage; the
-    request's deadline is checked after a thread's work, and an `Encoded` result's tokens counted."""
+    request's deadline is checked after a thread's work, and an `Encoded` result's tokens counted.
+    Threads tokenize one request at a time (`encode_batch` already uses every core): a burst of
+    large requests tokenized all at once took the cores from the model calls admitted before them
+    and made them late."""
     started = time.perf_counter()
     if inline:
         result = work()
     else:
-        result = await asyncio.to_thread(work)
+        async with _turn():
+            result = await asyncio.to_thread(work)
         _check_deadline()
     ctx = context.current()
     if ctx is not None:

@@ -377,6 +377,17 @@ def test_every_ortpack_option_is_a_server_option() -> None:
                 assert flag[2:].replace("-", "_") in known, f"{workload.name}: {flag} is not an ortpack-serve flag"
 
 
+def test_the_memory_budget_is_the_containers_limit() -> None:
+    """Every server container gets ORTPACK_MAX_MEMORY from its own memory limit (the Downward API),
+    so the budget the server admits requests within and the limit the kubelet enforces agree."""
+    for workload in workloads():
+        container = server_container(workload)
+        env = {e["name"]: e for e in container.get("env", [])}
+        source = env["ORTPACK_MAX_MEMORY"]["valueFrom"]["resourceFieldRef"]
+        assert source == {"containerName": container["name"], "resource": "limits.memory"}, workload.name
+        assert container["resources"]["limits"]["memory"], workload.name
+
+
 def test_pending_options_are_still_pending() -> None:
     landed = PENDING_OPTIONS & set(serve_config_fields())
     assert not landed, f"now ServeConfig fields, remove them from PENDING_OPTIONS in this test: {sorted(landed)}"
