@@ -95,6 +95,7 @@ class Engine(Protocol):
     max_batch_cost: float  # a batch stops there (it always holds one item)
     cost_per_byte: float  # a request body byte's cost, as a first guess (a server learns it)
     batching: str  # how it batches, for the start-up line
+    max_batch_size: int  # the most payloads one call takes (0: any; a graph exported for batch 1: 1)
 
     def run(self, payloads: Sequence[Any]) -> list[Item]:
         """One batch of payloads -> one item of outputs per payload, in order."""

@@ -136,7 +136,7 @@ class ModelService:
         """Run every shape the task will run once (first calls allocate memory and pick kernels),
         spread over `threads` (the server's model workers: the cores are otherwise idle during
         start-up). Returns (batches, seconds)."""
-        batches = self.engine.warm_up_batches(max_batch_size)
+        batches = self.engine.warm_up_batches(min(max_batch_size, self.batcher.max_batch_size))
         started = time.perf_counter()
 
         def timed(batch: list[Any]) -> None:
@@ -160,7 +160,7 @@ class ModelService:
         started = time.perf_counter()
         lone, self.lone_opener = self.lone_opener(), None
         if warmup:
-            for batch in self.engine.warm_up_batches(max_batch_size):
+            for batch in self.engine.warm_up_batches(min(max_batch_size, self.batcher.max_batch_size)):
                 lone.run(batch)
         self.batcher.lone_backend = lone
         log.info("lone session: opened and warmed up in %.2f s, after ready", time.perf_counter() - started)
@@ -216,7 +216,7 @@ def _batcher(engine: Engine, config: ServeConfig, metrics: Metrics, lone: bool) 
     """The batcher; with `lone`, its lone engine comes later (`ModelService.open_lone`)."""
     return Batcher(
         engine,
-        max_batch_size=config.max_batch_size,
+        max_batch_size=min(config.max_batch_size, engine.max_batch_size or config.max_batch_size),
         max_queue_size=config.max_queue_size,
         workers=config.worker_count,
         max_batch_delay_ms=config.max_batch_delay_ms,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortpack.serving.tasks.image_classification import EXAMPLE_PNG
+from ortpack.serving.images import EXAMPLE_PNG
 
 # route -> the golden document (tests/golden/openapi-<case>.json) that publishes it
 ROUTE_CASES = {

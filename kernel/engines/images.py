@@ -25,6 +25,7 @@ class ImageEngine:
 
     units = "pixels"
     padded = False
+    max_batch_size = 0  # any
     cost_per_byte = 3.0  # a body byte's pixels before any request was seen: a JPEG holds ~0.3 bytes per pixel
 
     def __init__(self, ctx: EngineContext) -> None:

@@ -26,6 +26,7 @@ class TokenEngine:
 
     units = "tokens"
     padded = True
+    max_batch_size = 0  # any
     cost_per_byte = 0.125  # a body byte's tokens before any request was seen: ~8 bytes of JSON text per token
 
     def __init__(self, ctx: EngineContext) -> None:

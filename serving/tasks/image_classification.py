@@ -13,8 +13,6 @@ OpenAPI schemas.
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import numpy as np
@@ -23,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ortpack.kernel.contracts.image_classification import IMAGES, OUTPUT, ImageClassificationSettings
-from ortpack.kernel.images import decode_base64
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
-from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
-from ortpack.serving.http import RouteSpec, config_of, json_response, read_body, service_of
+from ortpack.serving.errors import InvalidRequestError
+from ortpack.serving.http import RouteSpec, json_response, service_of
+from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
 from ortpack.serving.tasks.contract import LoadContext, ServingTask
 
 # ---------------------------------------------------------------- request and answer
@@ -90,47 +88,18 @@ class ImageClassificationRuntime:
         settings = manifest.task_settings
         if not isinstance(settings, ImageClassificationSettings):
             raise ValueError(f"not an image-classification bundle: {manifest.task}")
-        self.decoder = ctx.engine.decoder  # type: ignore[attr-defined]  # an ImageEngine's
-        # decoding runs here, off the event loop: one thread per model worker (the cores), so
-        # decoding never oversubscribes the CPU however many requests arrive at once
-        self.decode_pool = ThreadPoolExecutor(max_workers=config.worker_count, thread_name_prefix="ortpack-decode")
+        self.images = ImageInputs(
+            ctx.engine.decoder,  # type: ignore[attr-defined]  # an ImageEngine's
+            workers=config.worker_count,
+            max_items=config.max_items,
+            max_image_pixels=config.max_image_pixels,
+        )
         self.output_dim = manifest.sizes["classes"]
         self.labels = settings.labels or [str(i) for i in range(self.output_dim)]
-        self.max_items = config.max_items
-        self.max_image_pixels = config.max_image_pixels
-
-    async def decode_off_loop(self, work: Any, *args: Any) -> Any:
-        """`work(*args)` on a decode thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work, *args)
 
     async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        tensor = tensors[IMAGES.name]
-        shape = tensor.get("shape")
-        if (
-            not isinstance(shape, list)
-            or len(shape) != 4
-            or shape[3] != 3
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
-        ):
-            raise InvalidRequestError(f"input 'images' shape must be [n, height, width, 3], got {shape!r}")
-        n, height, width, _ = shape
-        if n > self.max_items:
-            raise PayloadTooLargeError(f"input 'images' has {n} images; the limit is {self.max_items}")
-        if height * width > self.max_image_pixels:
-            raise PayloadTooLargeError(f"images of {width}x{height} exceed the {self.max_image_pixels}-pixel limit")
-        data = tensor.get("data")
-        if isinstance(data, list) and data and isinstance(data[0], list):
-            raise InvalidRequestError("input 'images' data must be flat (row-major)")
-        try:
-            array = np.asarray(data, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise InvalidRequestError("input 'images' data must be integers 0..255") from None
-        if array.ndim != 1 or array.size != n * height * width * 3:
-            raise InvalidRequestError(f"input 'images' has shape {shape} but {array.size} elements")
-        if array.size and (array.min() < 0 or array.max() > 255):
-            raise InvalidRequestError("input 'images' data must be integers 0..255")
-        pixels = array.astype(np.uint8).reshape(n, height, width, 3)
-        return list(pixels), [(height, width)] * n
+        pixels = self.images.from_v2(tensors[IMAGES.name])
+        return pixels, image_buckets(pixels)
 
     def requested_top_k(self, value: object) -> int:
         if value is None:
@@ -151,7 +120,7 @@ class ImageClassificationRuntime:
                 handler=classify,
                 summary="Classify one image sent as its bytes (Content-Type image/jpeg, image/png or image/webp)",
                 operation_id="classifyImage",
-                request_media=("image/jpeg", "image/png", "image/webp"),
+                request_media=MEDIA,
                 response_schema="Classification",
                 errors=errors,
                 parameters=(top,),
@@ -176,7 +145,7 @@ class ImageClassificationRuntime:
         return "image classification: /v1/classify and the Open Inference Protocol v2"
 
     async def classify(self, request: Request, pixels: list[np.ndarray], k: int) -> list[list[dict[str, object]]]:
-        items = await service_of(request).infer(pixels, [p.shape[:2] for p in pixels])
+        items = await service_of(request).infer(pixels, image_buckets(pixels))
         return [top_k(item[OUTPUT], self.labels, k) for item in items]
 
 
@@ -188,14 +157,8 @@ def _runtime(request: Request) -> ImageClassificationRuntime:
 async def classify(request: Request) -> Response:
     """The image itself as the body."""
     runtime = _runtime(request)
-    kind = request.headers.get("content-type", "")
-    if not kind.startswith("image/"):
-        raise UnsupportedMediaTypeError(
-            f"send the image bytes with Content-Type image/*, not {kind!r} (or base64 JSON to /v1/classify/json)"
-        )
     k = runtime.requested_top_k(request.query_params.get("top_k"))
-    data = await read_body(request, config_of(request).max_body_bytes)
-    pixels = await runtime.decode_off_loop(runtime.decoder.decode, data, "the request body")
+    pixels = await runtime.images.from_body(request, "/v1/classify/json")
     (predictions,) = await runtime.classify(request, [pixels], k)
     return json_response({"model": service_of(request).model_name, "predictions": predictions})
 
@@ -207,13 +170,8 @@ async def classify_json(request: Request) -> Response:
     k = runtime.requested_top_k(body.top_k)
     single = body.image is not None
     items = [body.image] if body.image is not None else body.images or []
-    if len(items) > runtime.max_items:
-        raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {runtime.max_items}")
     where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
-    decoder = runtime.decoder
-    pixels = await runtime.decode_off_loop(
-        lambda: [decoder.decode(decode_base64(x, w), w) for x, w in zip(items, where, strict=True)]
-    )
+    pixels = await runtime.images.from_base64(items, where)
     results = await runtime.classify(request, pixels, k)
     model = service_of(request).model_name
     if single:
@@ -221,8 +179,4 @@ async def classify_json(request: Request) -> Response:
     return json_response({"model": model, "data": [{"index": i, "predictions": p} for i, p in enumerate(results)]})
 
 
-# An 8x8 PNG, base64: the example request of /v1/classify/json (any JPEG, PNG or WebP works).
-EXAMPLE_PNG = (
-    "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAGUlEQVR42mNkYGhQYGDARCwMCgxYweCUAABobwJednxjlwAAAABJRU5ErkJggg=="
-)
 TASK = ServingTask(name="image-classification", open=ImageClassificationRuntime)

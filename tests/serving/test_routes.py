@@ -475,7 +475,7 @@ def test_every_json_request_body_has_an_example(case: str) -> None:
 
 def test_the_image_example_is_an_image_the_server_decodes() -> None:
     from ortpack.kernel.images import ImageDecoder, decode_base64
-    from ortpack.serving.tasks.image_classification import EXAMPLE_PNG
+    from ortpack.serving.images import EXAMPLE_PNG
 
     pixels = ImageDecoder(max_pixels=1_000_000).decode(decode_base64(EXAMPLE_PNG, "image"))
     assert pixels.shape == (8, 8, 3) and pixels.dtype == np.uint8

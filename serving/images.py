@@ -1,0 +1,96 @@
+"""Images in requests, for every task whose inputs are images: the raw bytes of one image as the
+body, base64 strings (or `data:` URLs) in JSON, and the Open Inference Protocol's UINT8 `images`
+tensor. Each becomes decoded RGB pixels (uint8 `[height, width, 3]`, EXIF orientation applied)
+by the engine's decoder (kernel/images.py, in the decode mode the bundle's gate validated) on a
+pool of decode threads, one per model worker, so decoding never oversubscribes the cores however
+many requests arrive at once (Pillow releases the GIL). A task plugin holds one `ImageInputs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+
+from ortpack.kernel.images import ImageDecoder, decode_base64
+from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from ortpack.serving.http import config_of, read_body
+
+MEDIA = ("image/jpeg", "image/png", "image/webp")
+# An 8x8 PNG, base64: an example request body (any JPEG, PNG or WebP works).
+EXAMPLE_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAGUlEQVR42mNkYGhQYGDARCwMCgxYweCUAABobwJednxjlwAAAABJRU5ErkJggg=="
+)
+
+
+class ImageInputs:
+    """Decoding a request's images with `decoder`, within the server's limits."""
+
+    def __init__(self, decoder: ImageDecoder, *, workers: int, max_items: int, max_image_pixels: int) -> None:
+        self.decoder = decoder
+        self.max_items = max_items
+        self.max_image_pixels = max_image_pixels
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortpack-decode")
+
+    async def off_loop(self, work: Any, *args: Any) -> Any:
+        """`work(*args)` on a decode thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
+
+    async def from_body(self, request: Request, json_route: str) -> np.ndarray:
+        """The request's body, an image file (Content-Type image/*), decoded."""
+        kind = request.headers.get("content-type", "")
+        if not kind.startswith("image/"):
+            raise UnsupportedMediaTypeError(
+                f"send the image bytes with Content-Type image/*, not {kind!r} (or base64 JSON to {json_route})"
+            )
+        data = await read_body(request, config_of(request).max_body_bytes)
+        pixels: np.ndarray = await self.off_loop(self.decoder.decode, data, "the request body")
+        return pixels
+
+    async def from_base64(self, items: list[str], where: list[str]) -> list[np.ndarray]:
+        """Base64 strings (or data: URLs), each decoded; `where` names each in errors."""
+        if len(items) > self.max_items:
+            raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {self.max_items}")
+        decoder = self.decoder
+        decoded: list[np.ndarray] = await self.off_loop(
+            lambda: [decoder.decode(decode_base64(x, w), w) for x, w in zip(items, where, strict=True)]
+        )
+        return decoded
+
+    def from_v2(self, tensor: dict[str, Any]) -> list[np.ndarray]:
+        """An Open Inference Protocol UINT8 tensor `[n, height, width, 3]` (row-major, flat data):
+        its n images."""
+        name = tensor.get("name")
+        shape = tensor.get("shape")
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 4
+            or shape[3] != 3
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        ):
+            raise InvalidRequestError(f"input '{name}' shape must be [n, height, width, 3], got {shape!r}")
+        n, height, width, _ = shape
+        if n > self.max_items:
+            raise PayloadTooLargeError(f"input '{name}' has {n} images; the limit is {self.max_items}")
+        if height * width > self.max_image_pixels:
+            raise PayloadTooLargeError(f"images of {width}x{height} exceed the {self.max_image_pixels}-pixel limit")
+        data = tensor.get("data")
+        if isinstance(data, list) and data and isinstance(data[0], list):
+            raise InvalidRequestError(f"input '{name}' data must be flat (row-major)")
+        try:
+            array = np.asarray(data, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidRequestError(f"input '{name}' data must be integers 0..255") from None
+        if array.ndim != 1 or array.size != n * height * width * 3:
+            raise InvalidRequestError(f"input '{name}' has shape {shape} but {array.size} elements")
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise InvalidRequestError(f"input '{name}' data must be integers 0..255")
+        return list(array.astype(np.uint8).reshape(n, height, width, 3))
+
+
+def image_buckets(images: list[np.ndarray]) -> list[Any]:
+    """Each image's bucket: its size (images of one size share a batch)."""
+    return [image.shape[:2] for image in images]
