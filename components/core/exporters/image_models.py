@@ -71,7 +71,7 @@ def parse_image_source(value: str, *, local: bool = True) -> ImageSource:
         return ImageSource("torchvision", value)
     match = FACTORY.match(value)
     if match:
-        _current_directory_importable()
+        current_directory_importable()
         if local and importlib.util.find_spec(match["module"].partition(".")[0]) is None:
             raise ModelLoadError(
                 f"cannot import {match['module']!r} (from --model {value}): no such module on the Python path; "
@@ -103,16 +103,16 @@ def load_image_network(source: ImageSource, weights: str | None, crop_size: int)
         network = torchvision.models.get_model(source.value, weights=None)
         revision = f"torchvision=={torchvision.__version__}"
     elif source.kind == "factory":
-        network = _call_factory(source.value)
+        network = call_factory(source.value)
         revision = ""
     else:
         if weights:
             raise InvalidSpecError(f"--weights does not apply to an exported program ({source.value} holds its own)")
-        network = _load_program(source.value)
+        network = load_program(source.value)
         revision = f"sha256:{sha256_file(Path(source.value))}"
     weights_sha = None
     if weights:
-        _load_weights(network, weights, source.value)
+        load_weights(network, weights, source.value)
         weights_sha = sha256_file(Path(weights))
     elif source.kind != "program":
         log.warning("export: %s has random weights (no --weights given)", source.value)
@@ -125,11 +125,11 @@ def load_image_network(source: ImageSource, weights: str | None, crop_size: int)
     return network, record
 
 
-def _call_factory(value: str) -> Any:
+def call_factory(value: str) -> Any:
     from torch import nn
 
     module_name, _, attr = value.partition(":")
-    _current_directory_importable()
+    current_directory_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -148,7 +148,7 @@ def _call_factory(value: str) -> Any:
     return network
 
 
-def _current_directory_importable() -> None:
+def current_directory_importable() -> None:
     """Modules in the current directory import, as with `python -m` (and uvicorn's APP:FACTORY):
     a console script's path starts at its own bin directory instead."""
     here = os.getcwd()
@@ -156,7 +156,7 @@ def _current_directory_importable() -> None:
         sys.path.insert(0, here)
 
 
-def _load_program(path: str) -> Any:
+def load_program(path: str) -> Any:
     import torch
 
     try:
@@ -187,7 +187,7 @@ def _wrap_program(module: Any) -> Any:
     return ExportedProgramModule()
 
 
-def _load_weights(network: Any, weights: str, model: str) -> None:
+def load_weights(network: Any, weights: str, model: str) -> None:
     import torch
 
     path = Path(weights)
