@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 # Fuser name (`EncoderFamily.fuser`, recorded by the exporter in export.json's model_info) -> the
 # onnxruntime.transformers optimizer model_type it runs, or None for the onnxscript rewriter.
 FUSION_MODEL_TYPES: dict[str, str | None] = {"ort-bert": "bert", "onnxscript": None}
-# Kept in fp32 (and out of int8): the pooling block of text graphs (exporters.text_embedding.Pooling)
-# and the preprocessing of image graphs (exporters.image_classification, nodes prefixed "pre/").
-FP32_NODE_PREFIXES = ("/pooling/", "pre/")
+# Kept in fp32 (and out of int8): the pooling block of text graphs (exporters.text_embedding.Pooling),
+# the preprocessing of image graphs (exporters.image_common, nodes prefixed "pre/") and the
+# post-processing an exporter builds after the network (box decoding and NMS: "post/").
+FP32_NODE_PREFIXES = ("/pooling/", "pre/", "post/")
 
 
 def fuse_graph(raw: Path, export: ExportResult, use_gpu: bool) -> tuple[Any, dict[str, int], str]:

@@ -94,7 +94,7 @@ class ImagePreprocess:
         import onnx
         from onnx import TensorProto, helper
 
-        g = _GraphBuilder()
+        g = GraphBuilder()
         shape = g.op("Shape", INPUT_NAME)
         n, h, w = (g.op("Slice", shape, g.const([i]), g.const([i + 1])) for i in range(3))
         short = g.op("Min", h, w)
@@ -144,14 +144,14 @@ class ImagePreprocess:
         return model
 
     @staticmethod
-    def _offset(g: _GraphBuilder, size: str, crop: str) -> str:
+    def _offset(g: GraphBuilder, size: str, crop: str) -> str:
         """round((size - crop) / 2), half to even, like CenterCrop (crop <= size here)."""
         excess = g.op("Sub", size, crop)
         half = g.op("Div", excess, g.const([2]))
         odd_half_odd = g.op("Mul", g.op("Mod", half, g.const([2])), g.op("Mod", excess, g.const([2])))
         return g.op("Div", g.op("Add", excess, odd_half_odd), g.const([2]))
 
-    def _taps(self, g: _GraphBuilder, size_in: str, size_out: str, start: str, count: str) -> tuple[str, str]:
+    def _taps(self, g: GraphBuilder, size_in: str, size_out: str, start: str, count: str) -> tuple[str, str]:
         """For output positions `start .. start+count` of a resize from `size_in` to `size_out`
         along one axis: the input index of each tap `[count, K]` (int64), its weight `[count, K]`
         (float64, each row sums to 1), K = 2 * ceil(support) + 1 taps. torchvision's `_compute_index_ranges_weights`:
@@ -206,7 +206,7 @@ class ImagePreprocess:
         index = g.op("Cast", g.op("Min", position, g.op("Sub", size_in_f, g.const(1.0, f64))), to=TensorProto.INT64)
         return index, weight
 
-    def _weigh(self, g: _GraphBuilder, taps: str, weights: str) -> str:
+    def _weigh(self, g: GraphBuilder, taps: str, weights: str) -> str:
         """Each output position's taps `[count, K, R]` (uint8) weighed by its weights `[count, K]`
         (float64), rounded half up and saturated to uint8 levels: `[count, 1, R]` uint8.
 
@@ -242,7 +242,7 @@ class ImagePreprocess:
         return g.op("QuantizeLinear", x, g.const(np.float32(unit), np.float32), g.const(np.uint8(0), np.uint8))
 
 
-class _GraphBuilder:
+class GraphBuilder:
     """Nodes and constants of a small ONNX graph, named in order (`pre/...` once composed)."""
 
     def __init__(self) -> None:
