@@ -10,7 +10,10 @@ Retry-After; the body is never read):
 - the budget: `--max-memory` (default: the container's cgroup limit, else the machine's memory),
   less what the process holds once ready (the model, the runtime), less a margin;
 - a request's reservation: its declared body size times `EXPANSION` (what a JSON body of texts
-  becomes at its peak, measured: docs/serving.md "Overload"), released when it is answered.
+  holds until it is answered: the body, its parse, the token arrays), released when it is answered;
+- one request's preparation at a time, reserved once for the largest body
+  (`PREPARING_EXPANSION`): tokenizing needs far more than it keeps, and requests are tokenized one
+  at a time (serving/text.py).
 
 A body without a Content-Length (chunked) reserves as it arrives, chunk by chunk.
 Linux only for the limits (`/sys/fs/cgroup`, `/proc`); elsewhere the budget is unbounded.
@@ -23,10 +26,15 @@ import re
 import threading
 from pathlib import Path
 
-# A body's bytes at its peak in the process, per byte read: the body, its JSON parse, the texts
-# as Python strings, the tokenizer's encodings and the token arrays (measured with 2 MB bodies of
-# 1,024 texts: docs/serving.md "Overload")
+# What an admitted request holds per body byte until it is answered: the body, its JSON parse (the
+# texts as Python strings) and the token arrays. Measured with a 2 MB body of 1,024 texts of ~2,000
+# characters (MiniLM's tokenizer, 256 tokens each): 3.1x; 4 leaves a margin.
 EXPANSION = 4.0
+# What tokenizing a body needs while it runs, per body byte: the tokenizer's encodings (offsets,
+# token strings) and the id lists made of them. Measured on that body: the process grew by 67 MB
+# (32x), and kept it (the allocator reuses it). Requests are tokenized one at a time, so this is
+# reserved once, for the largest body the server takes.
+PREPARING_EXPANSION = 32.0
 MARGIN = 0.1  # of the limit, kept free for what is not a request's (the runtime's arenas, threads)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -79,13 +87,14 @@ class MemoryBudget:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_server(cls, max_memory: int | None) -> MemoryBudget:
+    def for_server(cls, max_memory: int | None, max_body_bytes: int) -> MemoryBudget:
         """What is left of `max_memory` (default the container's limit, else the machine's) after
-        what the process holds now and the margin."""
+        what the process holds now, the margin and one largest body's preparation."""
         limit = max_memory or container_limit() or machine_memory()
         if limit is None:
             return cls(None)
-        return cls(max(0, int(limit * (1 - MARGIN)) - resident_bytes()))
+        preparing = int(max_body_bytes * PREPARING_EXPANSION)
+        return cls(max(0, int(limit * (1 - MARGIN)) - resident_bytes() - preparing))
 
     def reserve(self, n: int) -> bool:
         """Hold `n` more bytes if they fit (a first reservation always fits an idle budget)."""

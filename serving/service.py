@@ -188,7 +188,8 @@ class ModelService:
             thread = self._warm_up_thread
         if thread is not None:
             await asyncio.to_thread(thread.join)
-        self.memory = MemoryBudget.for_server(self.max_memory)  # what is left once the model is loaded and warm
+        # what is left once the model is loaded and warm
+        self.memory = MemoryBudget.for_server(self.max_memory, config.max_body_bytes)
         self.cost_per_byte = self.cost_per_byte or self.engine.cost_per_byte
         self.ready = True
         self.metrics.ready.set(1)

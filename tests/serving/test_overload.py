@@ -20,7 +20,7 @@ import pytest
 from ortpack.serving.admission import SERVED_BATCHES, WARMUP_MARGIN, BatchTimes, Planned, admit
 from ortpack.serving.batcher import Batcher
 from ortpack.serving.errors import DeadlineExceededError, OverloadedError
-from ortpack.serving.memory import MemoryBudget, parse_bytes
+from ortpack.serving.memory import MARGIN, PREPARING_EXPANSION, MemoryBudget, parse_bytes, resident_bytes
 from tests.fakes import SlowBackend, in_process
 from tests.servers import free_port
 
@@ -143,6 +143,12 @@ def test_memory_sizes_and_limits() -> None:
     assert not budget.reserve(1) and budget.refused == 1
     budget.release(2000)
     assert budget.reserve(900) and budget.held == 900
+    # the server's budget: the limit less the margin, what the process holds and one body's tokenizing
+    held = resident_bytes()
+    server = MemoryBudget.for_server(4 << 30, 4 << 20)
+    assert server.limit is not None
+    expected = int((4 << 30) * (1 - MARGIN)) - (4 << 20) * PREPARING_EXPANSION
+    assert expected - held - (64 << 20) < server.limit <= expected - held + (64 << 20)
 
 
 @pytest.mark.parametrize(
