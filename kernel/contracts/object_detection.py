@@ -94,6 +94,9 @@ CONTRACT = TaskContract(
     gates=gate_table(
         floor("matched_recall", "min_matched_recall"),
         floor("matched_precision", "min_matched_precision"),
+        floor("decisive_recall", "min_decisive_recall"),
+        floor("decisive_precision", "min_decisive_precision"),
+        floor("min_matched_iou", "min_matched_iou"),
         ceiling("max_box_diff_px"),
         ceiling("max_score_diff"),
         ceiling("max_count_diff"),

@@ -5,14 +5,14 @@ the graph's flat outputs by their `batch_index`.
 
 Detections are compared by matching (`match`): within one image, a candidate detection matches
 the unmatched reference detection of its label that it overlaps most, at IoU 0.5 or more, best
-scores first. The gate and every node's probe check read the same numbers: matched recall and
-precision, the largest corner difference of matched boxes in pixels, the largest score
-difference, and the largest difference in an image's count of detections.
+scores first. The gate and every node's probe check read the same numbers (`detection_metrics`):
+matched recall and precision, over all detections and over the decisive ones (well above the
+score threshold), the smallest IoU of a matched pair, the largest corner difference of matched
+boxes in pixels, the largest score difference, and the largest difference in an image's count.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +23,10 @@ from ortpack.kernel.engine import EngineContext, EngineSpec, Item
 from ortpack.kernel.engines.images import ImageEngine
 
 MATCH_IOU = 0.5
+HALF_PIXEL = 0.5
+# how far above the score threshold a detection is decisive (int8 moved scores by up to 0.13 on the
+# trained YOLOv8s: docs/object-detection.md)
+DECISIVE_MARGIN = 0.1
 
 
 class DetectionEngine(ImageEngine):
@@ -67,9 +71,13 @@ def split(out: dict[str, np.ndarray], images: int, max_detections: int) -> list[
 
 
 def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of boxes `a` [n, 4] and `b` [m, 4] (x0, y0, x1, y1)."""
+    """Pairwise IoU of boxes `a` [n, 4] and `b` [m, 4] (x0, y0, x1, y1), each side widened by half
+    a pixel: boxes are compared as the pixels they touch, so a box clipped to a line at the image's
+    edge (zero area: both models clip it alike) still matches itself."""
     if not len(a) or not len(b):
         return np.zeros((len(a), len(b)))
+    widen = np.array([-HALF_PIXEL, -HALF_PIXEL, HALF_PIXEL, HALF_PIXEL])
+    a, b = np.asarray(a, dtype=np.float64) + widen, np.asarray(b, dtype=np.float64) + widen
     x0 = np.maximum(a[:, None, 0], b[None, :, 0])
     y0 = np.maximum(a[:, None, 1], b[None, :, 1])
     x1 = np.minimum(a[:, None, 2], b[None, :, 2])
@@ -104,21 +112,48 @@ def match(reference: Item, candidate: Item, threshold: float = MATCH_IOU) -> lis
     return pairs
 
 
-def detection_metrics(reference: Sequence[Item], candidate: Sequence[Item]) -> dict[str, float]:
-    """Matched recall and precision over every image (1.0 when there is nothing to match), the
-    largest corner difference of matched boxes in pixels, the largest score difference of matched
-    detections, the largest difference in an image's count, and the counts themselves."""
+def detection_metrics(
+    reference: Sequence[Item], candidate: Sequence[Item], score_threshold: float | None = None
+) -> dict[str, float]:
+    """How the candidate's detections agree with the reference's, over every image:
+
+    - matched recall and precision (1.0 when there is nothing to match), their F1;
+    - decisive recall and precision: the same over the detections scoring at least
+      `DECISIVE_MARGIN` above the score threshold (the reference's for recall, the candidate's for
+      precision). A detection near the threshold appears or not with the smallest change of its
+      score; a decisive one must not. Without `score_threshold` (a probe, which does not know it)
+      the lowest score either side reports stands for it: at or above the real one, so the
+      decisive sets are no larger than the gate's;
+    - the smallest IoU of a matched pair, the largest corner difference of matched boxes in
+      pixels, the largest score difference of matched detections, the largest difference in an
+      image's count, and the counts.
+    """
     matched = total_ref = total_cand = 0
     box_diff = score_diff = count_diff = 0.0
+    min_iou = 1.0
+    if score_threshold is None:
+        scores = [float(np.min(item[SCORES])) for item in (*reference, *candidate) if len(item[SCORES])]
+        score_threshold = min(scores, default=0.0)
+    decisive = score_threshold + DECISIVE_MARGIN
+    decisive_ref = decisive_ref_found = decisive_cand = decisive_cand_found = 0
     for ref, cand in zip(reference, candidate, strict=True):
         pairs = match(ref, cand)
         matched += len(pairs)
         total_ref += len(ref[SCORES])
         total_cand += len(cand[SCORES])
         count_diff = max(count_diff, float(abs(len(ref[SCORES]) - len(cand[SCORES]))))
+        ref_boxes, cand_boxes = np.asarray(ref[BOXES]), np.asarray(cand[BOXES])
         for r, c in pairs:
-            box_diff = max(box_diff, float(np.abs(np.asarray(ref[BOXES][r]) - np.asarray(cand[BOXES][c])).max()))
+            box_diff = max(box_diff, float(np.abs(ref_boxes[r] - cand_boxes[c]).max()))
             score_diff = max(score_diff, float(abs(float(ref[SCORES][r]) - float(cand[SCORES][c]))))
+            min_iou = min(min_iou, float(iou(ref_boxes[r : r + 1], cand_boxes[c : c + 1])[0, 0]))
+        found_ref, found_cand = {r for r, _ in pairs}, {c for _, c in pairs}
+        strong_ref = np.flatnonzero(np.asarray(ref[SCORES]) >= decisive)
+        strong_cand = np.flatnonzero(np.asarray(cand[SCORES]) >= decisive)
+        decisive_ref += len(strong_ref)
+        decisive_ref_found += sum(int(r) in found_ref for r in strong_ref)
+        decisive_cand += len(strong_cand)
+        decisive_cand_found += sum(int(c) in found_cand for c in strong_cand)
     recall = matched / total_ref if total_ref else 1.0
     precision = matched / total_cand if total_cand else 1.0
     f1 = 2 * recall * precision / (recall + precision) if recall + precision else 0.0
@@ -126,20 +161,20 @@ def detection_metrics(reference: Sequence[Item], candidate: Sequence[Item]) -> d
         "matched_recall": recall,
         "matched_precision": precision,
         "matched_f1": f1,
+        "decisive_recall": decisive_ref_found / decisive_ref if decisive_ref else 1.0,
+        "decisive_precision": decisive_cand_found / decisive_cand if decisive_cand else 1.0,
+        "min_matched_iou": min_iou,
         "max_box_diff_px": box_diff,
         "max_score_diff": score_diff,
         "max_count_diff": count_diff,
         "detections": float(total_ref),
+        "decisive_detections": float(decisive_ref),
         "images": float(len(reference)),
     }
 
 
 def probe_metrics(reference: list[Item], candidate: list[Item], _inputs: Sequence[Any]) -> dict[str, float]:
     return detection_metrics(reference, candidate)
-
-
-def finite(items: Sequence[Item]) -> bool:
-    return all(math.isfinite(float(np.sum(item[BOXES]))) for item in items)
 
 
 ENGINE = EngineSpec(name="object-detection", open=DetectionEngine, probe_metrics=probe_metrics)

@@ -35,6 +35,7 @@ FAMILY_MODULES = (
     "image_classification",
     "text_classification",
     "token_classification",
+    "object_detection",
 )
 
 
