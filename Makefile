@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image serve images test-images report-shots
+.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect serve images test-images report-shots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ bench-serve: $(STAMP)
 bench-image: $(STAMP)
 	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
 	$(PY) bench/image_serve.py
+
+# The detection serving benchmark (builds dist/fall-yolov8s from the trained checkpoint if missing).
+bench-detect: $(TRAINED)
+	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
+	$(PY) bench/detect_serve.py
 
 # Screenshots of report.html's first screen in headless Chromium (apt-installed when missing), to
 # look at the report as a browser shows it: by default reports rendered from a real build's step
