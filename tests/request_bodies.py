@@ -22,6 +22,7 @@ ROUTE_CASES = {
     "/v1/classify/json": "image-classification",
     "/v1/ner": "token-classification",
     "/v1/detect/json": "object-detection",
+    "/v1/embeddings#image": "image-embedding",  # the same path, images in `input`: ROUTE#CASE
 }
 
 # route -> [(body, valid by the schema)]
@@ -93,6 +94,17 @@ BODIES: dict[str, list[tuple[dict[str, Any], bool]]] = {
         ({"image": EXAMPLE_PNG, "min_score": 1.5}, False),
         ({"image": EXAMPLE_PNG, "min_score": "0.5"}, False),
     ],
+    "/v1/embeddings#image": [
+        ({"input": EXAMPLE_PNG}, True),
+        ({"input": [EXAMPLE_PNG, "data:image/png;base64," + EXAMPLE_PNG], "encoding_format": "base64"}, True),
+        ({"input": EXAMPLE_PNG, "model": None, "dimensions": None, "user": "u-1"}, True),
+        ({}, False),
+        ({"input": []}, False),
+        ({"input": 7}, False),
+        ({"input": [EXAMPLE_PNG, 7]}, False),
+        ({"input": EXAMPLE_PNG, "encoding_format": "int8"}, False),
+        ({"input": EXAMPLE_PNG, "dimensions": "64"}, False),
+    ],
     "/v1/ner": [
         ({"input": "Ada Lovelace met Babbage."}, True),
         ({"input": ["Ada met Babbage.", "In London."], "aggregation": "none"}, True),
@@ -105,15 +117,20 @@ BODIES: dict[str, list[tuple[dict[str, Any], bool]]] = {
 }
 
 
+def path_of(route: str) -> str:
+    """A route key's path (`/v1/embeddings#image`: the path two tasks share, for the second)."""
+    return route.partition("#")[0]
+
+
 def request_schema(doc: dict[str, Any], route: str) -> str:
     """The components/schemas name of `route`'s JSON request body in an OpenAPI document."""
-    ref = doc["paths"][route]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    ref = doc["paths"][path_of(route)]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     return str(ref.rsplit("/", 1)[1])
 
 
 def answer_schema(doc: dict[str, Any], route: str) -> str:
     """The components/schemas name of `route`'s 200 answer."""
-    ref = doc["paths"][route]["post"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    ref = doc["paths"][path_of(route)]["post"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
     return str(ref.rsplit("/", 1)[1])
 
 

@@ -55,6 +55,7 @@ TASK_MODULES = (
     "text_classification",
     "token_classification",
     "object_detection",
+    "image_embedding",
 )
 
 

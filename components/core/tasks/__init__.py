@@ -36,6 +36,7 @@ FAMILY_MODULES = (
     "text_classification",
     "token_classification",
     "object_detection",
+    "image_embedding",
 )
 
 
