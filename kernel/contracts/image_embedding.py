@@ -32,8 +32,10 @@ class ImageEmbeddingOptions(ImageModelOptions):
 class ImageEmbeddingSettings(TaskSettings):
     task: Literal["image-embedding"] = "image-embedding"
     preprocessing: ImagePreprocessing
-    # "features": the network's pooled features (its head dropped), "output": its own output
-    pooling: Literal["features", "output"]
+    # "features": the network's pooled features (its head dropped), "output": its own output;
+    # a Hugging Face encoder's as its model card says: "cls" (the CLS token), "mean" (ConvNeXt's
+    # pooled last stage), "projection" (CLIP's image_embeds), "attention" (SigLIP's pooling head)
+    pooling: Literal["features", "output", "cls", "mean", "projection", "attention"]
     normalize: bool
 
 

@@ -1,7 +1,8 @@
 """Export an image embedder: the image classifier's preprocessing (image_common.py), the network's
 pooled features, and optionally L2 normalisation, in one graph.
 
-Input: a torchvision classifier builder by name with its head dropped (its last linear layer
+Input: a Hugging Face vision checkpoint directory (hf_vision.py), a torchvision classifier builder
+by name with its head dropped (its last linear layer
 replaced by the identity: MobileNetV3's 1024 hidden features, ResNet-50's 2048 pooled ones,
 EfficientNet's 1280), your own module (`PACKAGE.MODULE:FACTORY`) or a `torch.export` program
 (`FILE.pt2`) whose output is the vector (or, with `head=drop`, a classifier whose head to drop),
@@ -31,6 +32,7 @@ from torch import nn
 
 from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
+from ortpack.components.core.exporters.hf_vision import hf_preprocessing, hf_vision_type, load_hf_vision
 from ortpack.components.core.exporters.image_common import (
     BENCH_SHAPES,
     INPUT_NAME,
@@ -54,6 +56,7 @@ from ortpack.components.core.validation_data import (
     read_image_files,
     render_image,
 )
+from ortpack.kernel.bundle import sha256_file
 from ortpack.kernel.contracts.image_embedding import OUTPUT, ImageEmbeddingOptions
 
 log = logging.getLogger("ortpack.export")
@@ -105,13 +108,19 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
     opts = spec.options_as(ImageEmbeddingOptions)
     if spec.opset < MIN_OPSET:
         raise InvalidSpecError(f"image models export at opset {MIN_OPSET} or later, not {spec.opset}")
-    pre = preprocessing_spec(spec)
-    source = parse_image_source(spec.source)
     photos = read_image_files(opts.validation_images, "validation images") if opts.validation_images else None
     calibration = read_image_files(opts.calibration_images, "calibration images") if opts.calibration_images else None
-    network, record = load_image_network(source, opts.weights, pre["crop_size"])
-    head = opts.head or ("drop" if source.kind == "torchvision" else "keep")
-    dropped = drop_head(network, spec.source) if head == "drop" else None
+    model_type = hf_vision_type(spec.source)
+    if model_type is not None:
+        network, pre, pooling, record = _hf_encoder(spec.source, model_type, opts)
+        dropped = None
+    else:
+        pre = preprocessing_spec(spec)
+        source = parse_image_source(spec.source)
+        network, record = load_image_network(source, opts.weights, pre["crop_size"])
+        head = opts.head or ("drop" if source.kind == "torchvision" else "keep")
+        dropped = drop_head(network, spec.source) if head == "drop" else None
+        pooling, model_type = ("features" if head == "drop" else "output"), source.default_name
     embedder = Embedder(network, opts.normalize).eval()
     with torch.inference_mode():
         dim = int(embedder(torch.zeros(1, 3, pre["crop_size"], pre["crop_size"])).shape[1])
@@ -177,7 +186,7 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
         inputs=[{"name": INPUT_NAME, "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
         outputs=[{"name": OUTPUT, "dtype": "float32", "shape": ["batch", dim]}],
         opset=spec.opset,
-        model_info={"model_type": source.default_name, "dim": dim, "crop_size": pre["crop_size"], "head": head},
+        model_info={"model_type": model_type, "dim": dim, "crop_size": pre["crop_size"], "pooling": pooling},
         metrics={
             "nodes": float(len(graph.graph.node)),
             "mb": (out_dir / "model.onnx").stat().st_size / 1e6,
@@ -191,11 +200,37 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
         versions={"torch": torch.__version__, "torchvision": torchvision.__version__, "onnx": onnx.__version__},
         task_settings={
             "preprocessing": preprocessing_settings(pre, {"decode": "exact", "decode_min_side": 0}),
-            "pooling": "features" if head == "drop" else "output",
+            "pooling": pooling,
             "normalize": opts.normalize,
         },
         extra_files=[],
     )
+
+
+def _hf_encoder(
+    value: str, model_type: str, opts: ImageEmbeddingOptions
+) -> tuple[nn.Module, dict[str, Any], str, dict[str, Any]]:
+    """A Hugging Face vision checkpoint: the pooled encoder, its preprocessing (flags override
+    the processor's), its pooling and the source record."""
+    if opts.weights:
+        raise InvalidSpecError(f"--weights does not apply to a Hugging Face checkpoint ({value} holds its own)")
+    if opts.head == "drop":
+        raise InvalidSpecError(f"head=drop does not apply to {value}: its pooling is {model_type}'s own")
+    path = Path(value).expanduser().resolve()
+    pre = hf_preprocessing(path, opts.resize_size, opts.crop_size)
+    if opts.mean:
+        pre["mean"] = tuple(opts.mean)
+    if opts.std:
+        pre["std"] = tuple(opts.std)
+    network, pooling = load_hf_vision(path, model_type)
+    weights = next((f for f in ("model.safetensors", "pytorch_model.bin") if (path / f).is_file()), None)
+    record = {
+        "kind": "huggingface",
+        "id": path.name,
+        "revision": "",
+        "weights_sha256": sha256_file(path / weights) if weights else None,
+    }
+    return network, pre, pooling, record
 
 
 def _torch_latency(embedder: Embedder, pre: dict[str, Any]) -> dict[str, dict[str, float]]:

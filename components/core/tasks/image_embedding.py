@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ortpack.components.core.artifacts import load_arrays
+from ortpack.components.core.exporters.hf_vision import hf_vision_type
 from ortpack.components.core.exporters.image_models import parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
 from ortpack.components.core.graph_recipes import quantize_int8_static
@@ -67,6 +68,9 @@ THRESHOLDS = {
 
 
 def resolve_source(value: str) -> tuple[str, str]:
+    if hf_vision_type(value) is not None:  # a Hugging Face vision checkpoint directory
+        path = Path(value).expanduser().resolve()
+        return str(path), path.name
     source = parse_image_source(value)
     return source.value, source.default_name
 
