@@ -82,7 +82,12 @@ def bench(
             ("raw bytes", "/v1/embeddings/image", {"WRK_FILE": str(files["jpeg"]), "WRK_TYPE": "image/jpeg"})
         )
     with started_server(name, command, env, port) as (url, handle, cold):
-        answer = httpx.post(f"{url}/v1/embeddings", content=files["json"].read_bytes(), timeout=60)
+        answer = httpx.post(
+            f"{url}/v1/embeddings",
+            content=files["json"].read_bytes(),
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
         answer.raise_for_status()
         run_wrk_script(url, "/v1/embeddings", FILE_LUA, json_body, 8, 3, handle)
         runs = []
