@@ -52,7 +52,7 @@ unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/hadolint Dockerfile.component Dockerfile.serve
+	$(BIN)/hadolint Dockerfile.component Dockerfile.serve Dockerfile.steps
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -105,30 +105,28 @@ serve: $(STAMP)
 clean:
 	rm -rf dist build *.egg-info .mypy_cache .ruff_cache
 
-# Re-pin serving/requirements.lock: the serve extra's closure minus huggingface_hub and its deps.
-serve-lock:
-	rm -rf /tmp/ortpack-serve-lock && $(PYTHON) -m venv /tmp/ortpack-serve-lock
-	/tmp/ortpack-serve-lock/bin/python -m pip install --quiet ".[serve]"
-	{ sed -n '1,3p' serving/requirements.lock; /tmp/ortpack-serve-lock/bin/python -m pip freeze --exclude-editable \
-		| grep -v -i -E '^(ortpack|huggingface.hub|hf.xet|pyyaml|fsspec|filelock|tqdm|httpx2|httpcore2|truststore)[=@ ]' \
-		| sort -f; } > serving/requirements.lock.new && mv serving/requirements.lock.new serving/requirements.lock
+# Re-pin the serving image's dependency sets, serving/requirements*.lock (images/lock.py).
+serve-lock: $(STAMP)
+	$(PY) images/lock.py
 
 golden: $(STAMP)
 	$(PY) -m ortpack.pipelines.golden
 	$(PY) -m tests.openapi_golden
 
-# The serving image (Dockerfile.serve) and the component image (Dockerfile.component), tagged
-# <IMAGE_REPO>/ortpack-{serve,component}:<version>, with Docker where one answers, else podman
+# The serving image in two flavours (Dockerfile.serve: <IMAGE_REPO>/ortpack-serve:<version> and
+# :<version>-slim), the component image (Dockerfile.component) and the torch-free steps image
+# (Dockerfile.steps), tagged <IMAGE_REPO>/ortpack-{component,steps}:<version>, with Docker where one answers, else podman
 # (installed with apt-get when missing, as root). Where no registry answers, the base is a local
 # Debian image made once with debootstrap; where PyTorch's CPU index does not answer, torch is the
 # package index's (CUDA) build. images/build.sh says which, and fails when an image is not built.
 # FLAVOUR=gpu builds the -gpu tags (not run on a GPU here).
 IMAGE_REPO ?= ghcr.io/ortpack
 images:
-	IMAGE_REPO=$(IMAGE_REPO) images/build.sh serve component
+	IMAGE_REPO=$(IMAGE_REPO) images/build.sh serve serve-slim component steps
 
-# Build both images, then run them: the pipeline with --runner docker, the serving image with
-# deploy/'s container spec, podman kube play, a KServe modelcar from a real registry.
+# Build the images, then run them: the pipeline with --runner docker (component and steps images),
+# both serving flavours with deploy/'s container spec from every source, their size budgets,
+# podman kube play, a KServe modelcar from a real registry.
 test-images: $(STAMP)
-	IMAGE_REPO=$(IMAGE_REPO) images/build.sh serve component
+	IMAGE_REPO=$(IMAGE_REPO) images/build.sh serve serve-slim component steps
 	$(PY) -m pytest -m images tests/end_to_end/test_containers.py

@@ -1,10 +1,13 @@
 """What the ortpack components run on: one image per flavour, built from Dockerfile.component.
 
-`COMPONENT_IMAGE` is the CPU flavour (CPU-only torch, onnxruntime) every step runs on;
-`GPU_COMPONENT_IMAGE` the GPU flavour (CUDA torch, onnxruntime-gpu) the cuda branch runs on.
-Both are build-time constants; `ortpack compile/submit --component-image` (or
-ORTPACK_COMPONENT_IMAGE, read by the CLI, never at import) replaces them in the compiled YAML, by
-tag or pinned by digest (`REPO@sha256:...`: the backend's cache key then sees the image's content).
+`COMPONENT_IMAGE` is the CPU flavour (CPU-only torch, onnxruntime): resolve and export run on
+it; `STEPS_IMAGE` (Dockerfile.steps) is the same code without PyTorch, a tenth of the size, for the
+steps that never load a model into PyTorch (the cpu target's optimize, validate and benchmark;
+package, gate and publish); `GPU_COMPONENT_IMAGE` the GPU flavour (CUDA torch, onnxruntime-gpu)
+the cuda branch runs on. All are build-time constants; `ortpack compile/submit --component-image`
+/ `--steps-image` (or ORTPACK_COMPONENT_IMAGE / ORTPACK_STEPS_IMAGE, read by the CLI, never at
+import) replace them in the compiled YAML, by tag or pinned by digest (`REPO@sha256:...`: the
+backend's cache key then sees the image's content).
 
 `ORT_VERSION` is the onnxruntime the CPU image pins and `GPU_ORT_VERSION` the onnxruntime-gpu the
 GPU image pins (PyPI has onnxruntime-gpu only up to 1.31.1, so the GPU flavour differs: its
@@ -19,10 +22,12 @@ from ortpack import __version__
 
 COMPONENT_IMAGE = f"ghcr.io/ortpack/ortpack-component:{__version__}"
 GPU_COMPONENT_IMAGE = f"ghcr.io/ortpack/ortpack-component:{__version__}-gpu"
+STEPS_IMAGE = f"ghcr.io/ortpack/ortpack-steps:{__version__}"
 ORT_VERSION = "1.32.0"
 GPU_ORT_VERSION = "1.31.1"
 IMAGE_ENV = "ORTPACK_COMPONENT_IMAGE"
 GPU_IMAGE_ENV = "ORTPACK_GPU_COMPONENT_IMAGE"
+STEPS_IMAGE_ENV = "ORTPACK_STEPS_IMAGE"
 
 # [HOST[:PORT]/]PATH[:TAG][@sha256:HEX], as Docker's reference grammar has it (lower-case path)
 _REFERENCE = re.compile(
@@ -51,3 +56,15 @@ def gpu_image_for(reference: str) -> str:
             f"{reference} is pinned by digest: give the GPU image explicitly (--gpu-component-image, {GPU_IMAGE_ENV})"
         )
     return f"{reference}-gpu"
+
+
+def steps_image_for(reference: str) -> str:
+    """The torch-free steps' image beside a component image given by tag: `REPO/ortpack-steps:TAG`
+    for `REPO/ortpack-component:TAG` (as `make images` tags them). Any other reference (a digest
+    pins one build; another name is another build) is returned as it is: the component image runs
+    every step, so a pipeline given only it still runs."""
+    reference = check_image(reference)
+    repo, _, tag = reference.rpartition(":")
+    if "@" not in reference and repo.rsplit("/", 1)[-1] == "ortpack-component":
+        return f"{repo[: -len('ortpack-component')]}ortpack-steps:{tag}"
+    return reference

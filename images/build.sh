@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Build ortpack's images: `images/build.sh [serve] [component]` (both by default), as `make images`
-# does. Fails (non-zero, one line on stderr) when an image could not be built; never "skips".
+# Build ortpack's images: `images/build.sh [serve] [serve-slim] [component] [steps]` (all by
+# default), as `make images` does, printing each tag on stdout. Fails (non-zero, one line on stderr)
+# when an image could not be built; never "skips".
+#   serve       ortpack-serve:<version>: the server with signature verification and oci:// pulls
+#   serve-slim  ortpack-serve:<version>-slim: the server without them (docs/images.md)
+#   component   ortpack-component:<version>: every pipeline step, PyTorch included
+#   steps       ortpack-steps:<version>: the pipeline steps that need no PyTorch
 #
 # Chosen here, each overridable from the environment:
 #   ENGINE      docker when a Docker engine answers, else podman (installed with apt-get when
 #               missing and this is root on Debian/Ubuntu); podman runs with images/containers.conf.
-#   BASE_IMAGE  the Dockerfiles' default (the public Python slim image) when the engine has it or
-#               can pull it; else a local Debian bookworm base made once with debootstrap
-#               (localhost/ortpack-base:bookworm, images/base.sh).
+#   BASE_IMAGE  the component image's base: its Dockerfile's default (the public Python slim image)
+#               when the engine has it or can pull it; else a local Debian bookworm base made once
+#               with debootstrap (localhost/ortpack-base:bookworm, images/base.sh).
+#   SERVE_BASE  the build stage of the serving and steps images, whose Debian packages make their
+#               root (images/rootfs.py): debian:bookworm-slim when it can be had, else the same
+#               local base.
 #   TORCH       cpu when PyTorch's CPU wheel index answers, else pypi (the CUDA build; see
 #               Dockerfile.component).
 #   PIP_CA      a CA bundle handed to pip as the build secret `pip_ca` (default: the system bundle,
@@ -24,24 +32,31 @@ IMAGE_REPO=${IMAGE_REPO:-ghcr.io/ortpack}
 FLAVOUR=${FLAVOUR:-cpu}
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 PUBLIC_BASE=python:3.11.11-slim-bookworm
+DEBIAN_BASE=debian:bookworm-slim
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' ortpack/__init__.py)
 suffix=$([ "$FLAVOUR" = gpu ] && echo -gpu || true)
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(serve component)
+[ ${#which[@]} -gt 0 ] || which=(serve serve-slim component steps)
 
 ensure_engine
 
-if [ -z "${BASE_IMAGE:-}" ]; then
-    if $ENGINE image inspect "$PUBLIC_BASE" >/dev/null 2>&1 \
-        || timeout 120 $ENGINE pull -q "$PUBLIC_BASE" >/dev/null 2>&1; then
-        BASE_IMAGE=$PUBLIC_BASE
+pick_base() {  # pick_base PUBLIC: PUBLIC when the engine has it or can pull it, else the local base
+    if $ENGINE image inspect "$1" >/dev/null 2>&1 || timeout 120 $ENGINE pull -q "$1" >/dev/null 2>&1; then
+        echo "$1"
     else
-        echo "images: $PUBLIC_BASE cannot be pulled here: using a local Debian bookworm base (images/base.sh)" >&2
-        BASE_IMAGE=$("$here/base.sh")
+        echo "images: $1 cannot be pulled here: using a local Debian bookworm base (images/base.sh)" >&2
+        "$here/base.sh"
     fi
+}
+needs() { [[ " ${which[*]} " == *" $1 "* ]]; }
+if [ -z "${BASE_IMAGE:-}" ] && needs component; then
+    BASE_IMAGE=$(pick_base "$PUBLIC_BASE")
+fi
+if [ -z "${SERVE_BASE:-}" ] && { needs serve || needs serve-slim || needs steps; }; then
+    SERVE_BASE=$(pick_base "$DEBIAN_BASE")
 fi
 
-if [ -z "${TORCH:-}" ]; then
+if [ -z "${TORCH:-}" ] && needs component; then
     if curl -fsS -o /dev/null --max-time 15 "$TORCH_CPU_INDEX/torch/"; then
         TORCH=cpu
     else
@@ -57,15 +72,16 @@ if [ -n "$PIP_CA" ] && [ -f "$PIP_CA" ]; then
     secret=(--secret "id=pip_ca,src=$PIP_CA")
 fi
 
-build() {  # build NAME DOCKERFILE [ARGS...]
-    local name=$1 dockerfile=$2 tag start
-    shift 2
-    tag="$IMAGE_REPO/ortpack-$name:$version$suffix"
+build() {  # build NAME[:TAG-SUFFIX] DOCKERFILE BASE [ARGS...]
+    local name=${1%%:*} variant="" dockerfile=$2 base=$3 tag start
+    [[ "$1" == *:* ]] && variant="-${1#*:}"
+    shift 3
+    tag="$IMAGE_REPO/ortpack-$name:$version$variant$suffix"
     start=$(date +%s)
     # podman writes OCI images by default, which have no HEALTHCHECK or SHELL: ask for Docker's format
     [ "$ENGINE" = podman ] && set -- --format docker "$@"
-    echo "images: building $tag ($ENGINE, base $BASE_IMAGE)" >&2
-    if ! $ENGINE build -f "$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    echo "images: building $tag ($ENGINE, base $base)" >&2
+    if ! $ENGINE build -f "$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$base" \
         --build-arg "FLAVOUR=$FLAVOUR" "${secret[@]}" "$@" . >&2; then
         echo "images: error: building $tag failed (see the build output above)" >&2
         exit 1
@@ -82,9 +98,11 @@ build() {  # build NAME DOCKERFILE [ARGS...]
 
 for name in "${which[@]}"; do
     case "$name" in
-        serve) build serve Dockerfile.serve ;;
-        component) build component Dockerfile.component --build-arg "TORCH=$TORCH" \
+        serve) build serve Dockerfile.serve "$SERVE_BASE" --build-arg "EXTRAS=serve,image,sign,oci" ;;
+        serve-slim) build serve:slim Dockerfile.serve "$SERVE_BASE" --build-arg "EXTRAS=serve,image" ;;
+        component) build component Dockerfile.component "$BASE_IMAGE" --build-arg "TORCH=$TORCH" \
             --build-arg "TORCH_CPU_INDEX=$TORCH_CPU_INDEX" ;;
-        *) echo "images: error: unknown image $name (serve, component)" >&2; exit 2 ;;
+        steps) build steps Dockerfile.steps "$SERVE_BASE" ;;
+        *) echo "images: error: unknown image $name (serve, serve-slim, component, steps)" >&2; exit 2 ;;
     esac
 done

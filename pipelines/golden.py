@@ -29,6 +29,7 @@ class GraphOptions:
     targets: tuple[str, ...] = ("cpu",)
     image: str | None = None  # None: ortpack.components.images.COMPONENT_IMAGE
     gpu_image: str | None = None  # None: ortpack.components.images.GPU_COMPONENT_IMAGE
+    steps_image: str | None = None  # None: ortpack.components.images.steps_image_for(image)
     model_pvc: str | None = None
     gpu_timeout_s: int = 2 * 3600  # ortpack.pipelines.package_model.GPU_TIMEOUT_S
     cache: bool = True  # False: no step is served from cache (--no-cache)
@@ -74,6 +75,7 @@ def build_pipeline(options: GraphOptions | None = None) -> Any:
         o.targets,
         image=o.image,
         gpu_image=o.gpu_image,
+        steps_image=o.steps_image,
         model_pvc=o.model_pvc,
         gpu_timeout_s=o.gpu_timeout_s,
         cache=o.cache,

@@ -120,10 +120,10 @@ RUNNERS = ("subprocess", "docker")
 RUN_LABEL = "dev.ortpack.run"  # on every step container of a docker run, to clean up after it
 
 
-def docker_runner(image: str, run_id: str) -> Any:
+def docker_runner(images: list[str], run_id: str) -> Any:
     """A `kfp.local.DockerRunner` for the engine DOCKER_HOST names (default: Docker's socket),
-    after checking that the engine answers and has `image` (or can pull it): kfp.local would
-    otherwise fail later, with the registry's error instead of the reason.
+    after checking that the engine answers and has each of `images` (or can pull it): kfp.local
+    would otherwise fail later, with the registry's error instead of the reason.
 
     Steps run as the calling user (they write into the pipeline root on this machine, as the
     subprocess runner does), on the host network (a model URI on 127.0.0.1 means this machine,
@@ -132,16 +132,18 @@ def docker_runner(image: str, run_id: str) -> Any:
 
     client = _docker_client()
     try:
-        try:
-            client.images.get(image)
-        except Exception as missing:  # noqa: BLE001 - docker.errors.ImageNotFound, or the engine's own error
+        for image in dict.fromkeys(images):
             try:
-                client.images.pull(image)
-            except Exception as exc:  # noqa: BLE001 - one line with both reasons below
-                raise UnsupportedHereError(
-                    f"image {image} is not in the container engine ({one_line(missing, 120)}) and cannot be "
-                    f"pulled ({one_line(exc, 160)}): build it with `make images`, or give --component-image"
-                ) from None
+                client.images.get(image)
+            except Exception as missing:  # noqa: BLE001 - docker.errors.ImageNotFound, or the engine's own error
+                try:
+                    client.images.pull(image)
+                except Exception as exc:  # noqa: BLE001 - one line with both reasons below
+                    raise UnsupportedHereError(
+                        f"image {image} is not in the container engine ({one_line(missing, 120)}) and cannot be "
+                        f"pulled ({one_line(exc, 160)}): build it with `make images`, or give --component-image "
+                        "and --steps-image"
+                    ) from None
     finally:
         client.close()
     from kfp.local import docker_task_handler

@@ -3,7 +3,9 @@ validate -> benchmark, then package what passed, fail the run if nothing did, an
 publish the bundle.
 
 Targets shape the graph (each target's steps run on its own hardware and image: the cuda branch
-runs on the GPU component image, its validate and benchmark steps on a GPU), so a pipeline is built
+runs on the GPU component image, its validate and benchmark steps on a GPU; on the cpu target,
+resolve and export run on the component image, which carries PyTorch, and every other step on the
+torch-free steps image, Dockerfile.steps, a tenth of its size), so a pipeline is built
 for a set of targets by `make_pipeline`, together with the other graph options (images, a model
 volume, the GPU timeout); everything else is a run-time parameter. One `dsl.ParallelFor` per
 target runs its precisions side by side, and `dsl.Collected` hands every branch's outputs to the
@@ -32,7 +34,14 @@ from kfp.dsl.pipeline_channel import PipelineChannel
 
 from ortpack.components.benchmark import benchmark_variant
 from ortpack.components.export import export_model
-from ortpack.components.images import COMPONENT_IMAGE, GPU_COMPONENT_IMAGE, GPU_ORT_VERSION, ORT_VERSION
+from ortpack.components.images import (
+    COMPONENT_IMAGE,
+    GPU_COMPONENT_IMAGE,
+    GPU_ORT_VERSION,
+    ORT_VERSION,
+    STEPS_IMAGE,
+    steps_image_for,
+)
 from ortpack.components.optimize import optimize_variant
 from ortpack.components.package import check_gate, package_bundle, publish_bundle
 from ortpack.components.source import resolve_source
@@ -100,7 +109,8 @@ class _Graph:
     and the per-target parallelism. Its methods add the pipeline's stages, in order: the source
     (resolve, export), each target's variant branches, then package, gate and publish."""
 
-    cpu_image: str
+    cpu_image: str  # resolve and export: PyTorch
+    steps_image: str  # the cpu target's optimize, validate and benchmark; package, gate and publish
     cuda_image: str
     model_pvc: str | None
     gpu_timeout_s: int
@@ -163,7 +173,7 @@ class _Graph:
         self.cached(validated)
         for task, step in ((optimized, "optimize"), (validated, "validate"), (measured, "benchmark")):
             task.set_display_name(f"{step} {target}")
-            task.set_container_image(self.cuda_image if target == "cuda" else self.cpu_image)
+            task.set_container_image(self.cuda_image if target == "cuda" else self.steps_image)
             _resources(task, p[f"{step}_cpu"], p[f"{step}_memory"])
             if target == "cuda" and step != "optimize":  # building fp16 needs no GPU; running it does
                 _on_gpu(task, p["gpu_accelerator"], p["gpu_node_selector"], self.gpu_timeout_s)
@@ -181,16 +191,16 @@ class _Graph:
             compatibility_budget=p["compatibility_budget"],
             **measured,
         )
-        self.cached(packaged.set_display_name("package"), False).set_container_image(self.cpu_image)
+        self.cached(packaged.set_display_name("package"), False).set_container_image(self.steps_image)
         _resources(packaged, p["package_cpu"], p["package_memory"])
         _with_secret(packaged, p["signing_secret"], SIGNING_DIR)
         _with_secret(packaged, p["credentials_secret"], CREDENTIALS_DIR)  # to fetch the baseline bundle
         gate = check_gate(verdict=packaged.outputs["verdict"])
-        self.cached(gate.set_display_name("gate")).set_container_image(self.cpu_image)
+        self.cached(gate.set_display_name("gate")).set_container_image(self.steps_image)
         _resources(gate, *SMALL_STEP)
         with dsl.If(p["publish_to"] != ""):
             published = publish_bundle(bundle=packaged.outputs["bundle"], publish_to=p["publish_to"]).after(gate)
-            self.cached(published.set_display_name("publish"), False).set_container_image(self.cpu_image)
+            self.cached(published.set_display_name("publish"), False).set_container_image(self.steps_image)
             published.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF)
             _resources(published, *PUBLISH_STEP)
             _with_secret(published, p["credentials_secret"], CREDENTIALS_DIR)
@@ -202,6 +212,7 @@ def make_pipeline(
     *,
     image: str | None = None,
     gpu_image: str | None = None,
+    steps_image: str | None = None,
     model_pvc: str | None = None,
     gpu_timeout_s: int = GPU_TIMEOUT_S,
     cache: bool = True,
@@ -210,7 +221,8 @@ def make_pipeline(
 
     `parallelism` caps how many variants of one target run at once (0: no cap; local runs use 1 so
     that benchmarks do not share this machine's cores). `image` / `gpu_image` replace the component
-    images (tag or digest); `model_pvc` mounts that PersistentVolumeClaim at /mnt/models in the
+    images (tag or digest); `steps_image` the torch-free steps' (default: `steps_image_for(image)`
+    when `image` is given, else STEPS_IMAGE); `model_pvc` mounts that PersistentVolumeClaim at /mnt/models in the
     steps that read the model; `cache=False` turns caching off for every step (`--no-cache`: a
     run of an uploaded pipeline version cannot override its compiled caching options).
     """
@@ -220,6 +232,7 @@ def make_pipeline(
     has_cpu, has_cuda = "cpu" in targets, "cuda" in targets
     graph = _Graph(
         cpu_image=image or COMPONENT_IMAGE,
+        steps_image=steps_image or (steps_image_for(image) if image else STEPS_IMAGE),
         cuda_image=gpu_image or GPU_COMPONENT_IMAGE,
         model_pvc=model_pvc,
         gpu_timeout_s=gpu_timeout_s,

@@ -75,10 +75,13 @@ def find_engine() -> Engine:
     return Engine(name=done.stdout.strip().splitlines()[-1], env=env)
 
 
+IMAGES = ("serve", "serve-slim", "component", "steps")  # images/build.sh's names, in its order
+
+
 def build_images(engine: Engine) -> dict[str, str]:
-    """Build (or reuse the cached layers of) both images; return {"serve": TAG, "component": TAG}."""
+    """Build (or reuse the cached layers of) every image; return {name: TAG} for IMAGES."""
     done = subprocess.run(
-        ["images/build.sh", "serve", "component"],
+        ["images/build.sh", *IMAGES],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -88,7 +91,59 @@ def build_images(engine: Engine) -> dict[str, str]:
     if done.returncode != 0:
         raise AssertionError(f"images/build.sh failed:\n{done.stderr[-5000:]}")
     tags = done.stdout.split()
-    return {"serve": tags[0], "component": tags[1]}
+    return dict(zip(IMAGES, tags, strict=True))
+
+
+# Mounted into a container and put on PYTHONPATH: `site` imports it before anything else, and it
+# records every module the interpreter compiles from source (the audit event `compile` with a
+# `.py` file name: what an import does when no valid .pyc is found) and every module imported,
+# into TRACE_DIR/trace-<pid>.json at exit.
+IMPORT_TRACER = """\
+import atexit, json, os, sys
+
+_compiled = []
+
+
+def _hook(event, args):
+    if event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].endswith(".py"):
+        _compiled.append(args[1])
+
+
+sys.addaudithook(_hook)
+
+
+def _dump():
+    modules = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items())}
+    with open(os.path.join(os.environ["TRACE_DIR"], f"trace-{os.getpid()}.json"), "w") as fh:
+        json.dump({"argv": sys.argv, "compiled": _compiled, "modules": modules}, fh)
+
+
+atexit.register(_dump)
+"""
+
+
+def import_tracer(directory: Path) -> tuple[list[str], Path]:
+    """`run` options that trace a container's Python (IMPORT_TRACER) into `directory`/traces, and
+    that directory (readable and writable by any user)."""
+    probe, traces = directory / "probe", directory / "traces"
+    for path in (probe, traces):
+        path.mkdir(parents=True, exist_ok=True)
+    (probe / "sitecustomize.py").write_text(IMPORT_TRACER)
+    os.chmod(directory, 0o755)
+    os.chmod(probe, 0o755)
+    os.chmod(probe / "sitecustomize.py", 0o644)
+    os.chmod(traces, 0o777)
+    options = [
+        f"--mount=type=bind,source={probe},destination=/probe,ro=true",
+        f"--mount=type=bind,source={traces},destination=/traces",
+        "--env=PYTHONPATH=/probe",
+        "--env=TRACE_DIR=/traces",
+    ]
+    return options, traces
+
+
+def read_traces(traces: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in sorted(traces.glob("trace-*.json"))]
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from ortpack.components.core.errors import InvalidSpecError
 from ortpack.components.core.sources import check_local_file
 from ortpack.components.core.specs import parse_threshold_overrides
 from ortpack.components.core.tasks import resolve_model_source
-from ortpack.components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV
+from ortpack.components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV, STEPS_IMAGE_ENV
 from ortpack.kernel.contracts import DEFAULT_TASK, contract_names, get_contract
 from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET, GPU_TIMEOUT_S, MODEL_MOUNT
 
@@ -265,7 +265,14 @@ def add_graph(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--component-image",
         metavar="REF",
-        help=f"image every step runs on, REPO:TAG or REPO@sha256:... (default: ${IMAGE_ENV}, else {COMPONENT_IMAGE})",
+        help=f"image of resolve and export (PyTorch), REPO:TAG or REPO@sha256:... (default: ${IMAGE_ENV}, "
+        f"else {COMPONENT_IMAGE})",
+    )
+    p.add_argument(
+        "--steps-image",
+        metavar="REF",
+        help=f"image of the steps that need no PyTorch (default: ${STEPS_IMAGE_ENV}, else ortpack-steps beside an "
+        "ortpack-component tag, else the component image)",
     )
     p.add_argument(
         "--gpu-component-image",

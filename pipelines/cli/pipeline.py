@@ -14,7 +14,7 @@ from typing import Any
 from ortpack.components.core.errors import InvalidSpecError, one_line
 from ortpack.components.core.report import format_summary
 from ortpack.components.core.specs import get_target
-from ortpack.components.images import COMPONENT_IMAGE, IMAGE_ENV, check_image
+from ortpack.components.images import COMPONENT_IMAGE, IMAGE_ENV, STEPS_IMAGE_ENV, check_image, steps_image_for
 from ortpack.kernel.contracts import get_contract
 from ortpack.pipelines.cli.common import EXIT_GATE, log
 from ortpack.pipelines.cli.options import (
@@ -65,8 +65,14 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--component-image",
         metavar="REF",
-        help="with --runner docker: the image every step runs in (default: $ORTPACK_COMPONENT_IMAGE, else the "
-        "image `make images` builds)",
+        help="with --runner docker: the image resolve and export run in (default: $ORTPACK_COMPONENT_IMAGE, else "
+        "the image `make images` builds)",
+    )
+    p.add_argument(
+        "--steps-image",
+        metavar="REF",
+        help="with --runner docker: the image of the steps that need no PyTorch (default: $ORTPACK_STEPS_IMAGE, "
+        "else ortpack-steps beside an ortpack-component tag, else the component image)",
     )
     add_baseline(p)
     add_publish(p)
@@ -154,13 +160,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("dist") / name)
     if out.exists() and not args.force:
         raise InvalidSpecError(f"output directory exists: {out} (use --force to replace it, or --out)")
-    runner, image = None, None
+    runner, image, steps_image = None, None, None
     if args.runner == "docker":
         try:
             image = check_image(args.component_image or os.environ.get(IMAGE_ENV) or COMPONENT_IMAGE)
+            steps_image = check_image(args.steps_image or os.environ.get(STEPS_IMAGE_ENV) or steps_image_for(image))
         except ValueError as exc:
             raise InvalidSpecError(str(exc)) from None
-        runner = docker_runner(image, run_id)
+        runner = docker_runner([image, steps_image], run_id)
         root = Path(args.pipeline_root)
         arguments = stage_local_inputs(arguments, ("model_uri", "sign_key", "baseline_bundle"), root)
         kind = get_contract(str(arguments["task"])).options
@@ -170,14 +177,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info(
         "running the %s pipeline locally (kfp.local, %s) for %s %s: %s",
         "package-model",
-        f"each step in {image}" if image else "steps as subprocesses here",
+        f"resolve and export in {image}, the other steps in {steps_image}" if image else "steps as subprocesses here",
         name,
         arguments["version"],
         ", ".join(f"{t} {'/'.join(arguments[f'{t}_precisions'])}" for t in targets),
     )
     try:
         result = run_pipeline_locally(
-            make_pipeline(targets, parallelism=1, image=image),
+            make_pipeline(targets, parallelism=1, image=image, steps_image=steps_image),
             arguments,
             pipeline_root=Path(args.pipeline_root),
             out_dir=out,

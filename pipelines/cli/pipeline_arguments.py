@@ -14,7 +14,7 @@ from ortpack.components.core.errors import InvalidSpecError
 from ortpack.components.core.sources import check_local_file, check_uri, default_name, is_remote, uri_scheme
 from ortpack.components.core.specs import BuildSpec, variant_grid
 from ortpack.components.core.tasks import check_build_spec, resolve_model_source
-from ortpack.components.images import GPU_IMAGE_ENV, IMAGE_ENV, check_image, gpu_image_for
+from ortpack.components.images import GPU_IMAGE_ENV, IMAGE_ENV, STEPS_IMAGE_ENV, check_image, gpu_image_for
 from ortpack.kernel.bundle import MANIFEST_NAME, read_manifest
 from ortpack.kernel.contracts import get_contract, space_tasks
 from ortpack.kernel.oci import OciReference
@@ -175,13 +175,15 @@ def targets_of(spec: BuildSpec) -> list[str]:
 
 
 def graph_options(args: argparse.Namespace, targets: list[str]) -> Any:
-    """What shapes the compiled YAML, from the options (and ORTPACK_COMPONENT_IMAGE /
+    """What shapes the compiled YAML, from the options (and ORTPACK_COMPONENT_IMAGE, ORTPACK_STEPS_IMAGE,
     ORTPACK_GPU_COMPONENT_IMAGE): `compile` and `submit` build the same YAML from the same options."""
 
     image = args.component_image or os.environ.get(IMAGE_ENV) or None
+    steps_image = args.steps_image or os.environ.get(STEPS_IMAGE_ENV) or None
     gpu_image = args.gpu_component_image or os.environ.get(GPU_IMAGE_ENV) or None
     try:
         image = check_image(image) if image else None
+        steps_image = check_image(steps_image) if steps_image else None
         if gpu_image:
             gpu_image = check_image(gpu_image)
         elif image and "cuda" in targets:
@@ -194,6 +196,7 @@ def graph_options(args: argparse.Namespace, targets: list[str]) -> Any:
         targets=tuple(targets),
         image=image,
         gpu_image=gpu_image,
+        steps_image=steps_image,
         model_pvc=args.model_pvc or None,
         gpu_timeout_s=args.gpu_timeout,
         cache=not args.no_cache,

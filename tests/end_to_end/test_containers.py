@@ -1,22 +1,32 @@
-"""Both images, built and run on a real container engine (`make test-images`; marker `images`).
+"""The images, built and run on a real container engine (`make test-images`; marker `images`).
 
-The component image runs the package_model pipeline through kfp.local's DockerRunner on podman's
-Docker-API socket and gives the same bundle as the subprocess runner. The serving image serves a
-signed MiniLM bundle and an image bundle with the container spec of deploy/ (user, read-only root,
-dropped capabilities, env, volumes), answers the openai client with the vectors of the same bundle
-served outside the container, reports healthy through its own HEALTHCHECK and drains on stop; the
-Deployment runs under `podman kube play` with its init container; a KServe modelcar pushed to a
-real registry is served the way KServe wires it (a shared process namespace and a /proc link).
+The component and steps images run the package_model pipeline through kfp.local's DockerRunner on
+podman's Docker-API socket (resolve and export in the component image, every other step in the
+torch-free steps image) and give the same bundle as the subprocess runner. The serving image, in
+both flavours, stays within its size budget; with the container spec of deploy/ (user, read-only
+root, dropped capabilities, env, volumes) it serves a signed MiniLM bundle and an image bundle,
+answers the openai client with the vectors of the same bundle served outside the container,
+reports healthy through its own HEALTHCHECK and drains on stop; it fetches, verifies and serves a
+text and an image bundle, signed and unsigned, from a path, an http URL and oci://, and compiles
+no module when it starts (every .pyc it needs ships in the image); the Deployment runs under
+`podman kube play` with its init container; a KServe modelcar pushed to a real registry is served
+the way KServe wires it (a shared process namespace and a /proc link).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +37,14 @@ import pytest
 import yaml
 
 from tests.containers import (
+    LABEL,
     ROOT,
     Engine,
     build_images,
     docker_api_socket,
     find_engine,
+    import_tracer,
+    read_traces,
     run_args_from_pod_spec,
     running_container,
     wait_ready,
@@ -43,6 +56,8 @@ pytestmark = pytest.mark.images
 __all__ = ["oci_registry"]
 
 SENTENCES = ["A man is playing a guitar.", "The new movie is awesome.", "ortpack serves ONNX models"]
+# Installed size budgets, MB (1e6 bytes, as the engine reports an image's size): docs/images.md
+BUDGET_MB = {"serve": 150, "serve-slim": 120, "steps": 400}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -129,22 +144,45 @@ def _embed(url: str, texts: list[str]) -> np.ndarray:
 # --- the serving image ----------------------------------------------------------------------
 
 
-def test_serving_image_is_small_and_unprivileged(engine: Engine, images: dict[str, str]) -> None:
-    inspected = engine.inspect(images["serve"])
+@pytest.mark.parametrize("name", sorted(BUDGET_MB))
+def test_image_fits_its_budget(engine: Engine, images: dict[str, str], name: str) -> None:
+    size_mb = engine.inspect(images[name])["Size"] / 1e6
+    print(f"\n{images[name]}: {size_mb:.1f} MB installed (budget {BUDGET_MB[name]} MB)")
+    assert size_mb <= BUDGET_MB[name], f"{images[name]} is {size_mb:.1f} MB, over its budget of {BUDGET_MB[name]} MB"
+
+
+@pytest.mark.parametrize("flavour", ["serve", "serve-slim"])
+def test_serving_image_is_small_and_unprivileged(engine: Engine, images: dict[str, str], flavour: str) -> None:
+    inspected = engine.inspect(images[flavour])
     config = inspected["Config"]
     assert config["User"] == "10001"
     assert config["Entrypoint"] == ["ortpack-serve"]
     assert "8080/tcp" in config["ExposedPorts"]
     healthcheck = config.get("Healthcheck") or inspected["Healthcheck"]  # Docker: in Config; podman: beside it
     assert healthcheck["Test"][:2] == ["CMD", "python3"] and "/v2/health/ready" in healthcheck["Test"][-1]
-    # no torch, transformers or kfp; no pip; numpy's tests and onnxruntime's offline tools left out
-    listing = engine.run(
-        "run", "--rm", "--entrypoint", "python3", images["serve"], "-c",
-        "import importlib.util as u; print([m for m in ('torch', 'transformers', 'kfp', 'ortpack.components', "
-        "'ortpack.pipelines', 'components', 'serving', 'pip', 'onnxruntime.quantization', 'numpy._core.tests') "
-        "if u.find_spec(m) is not None])",
-    ).stdout.strip()  # fmt: skip
-    assert listing == "[]", listing
+    # no torch, transformers or kfp; no pip; no shell; what the prune lists name is gone; the slim
+    # flavour has neither signature verification nor the OCI client
+    absent = [
+        "torch", "transformers", "kfp", "ortpack.components", "ortpack.pipelines", "components", "serving", "pip",
+        "onnxruntime.quantization", "onnxruntime.transformers", "numpy._core.tests", "pygments", "rich",
+        "PIL._avif", "PIL._imagingft", "flatbuffers", "numpy.random", "numpy.distutils",
+        "google.protobuf" if flavour == "serve-slim" else "packaging",
+    ]  # fmt: skip
+    present = ["model_signing", "oras"] if flavour == "serve" else []
+    if flavour == "serve-slim":
+        absent += ["model_signing", "oras", "cryptography"]
+    script = (
+        "import importlib.util, os, tarfile\n"
+        "def has(name):\n"
+        "    try:\n"
+        "        return importlib.util.find_spec(name) is not None\n"
+        "    except ModuleNotFoundError:  # its parent package is absent\n"
+        "        return False\n"
+        f"print([m for m in {absent!r} if has(m)], [m for m in {present!r} if not has(m)], "
+        "os.path.exists('/bin/sh'), hasattr(tarfile, 'data_filter'))\n"
+    )
+    listing = engine.run("run", "--rm", "--entrypoint", "python3", images[flavour], "-c", script).stdout.strip()
+    assert listing == "[] [] False True", listing
 
 
 def test_serving_container_matches_the_host_and_drains_on_stop(
@@ -225,6 +263,165 @@ def image_bundle_for_containers(tmp_path_factory: pytest.TempPathFactory, keys: 
     assert signed.returncode == 0, signed.stderr
     os.chmod(root, 0o755)
     return out
+
+
+# --- every source, signed and unsigned, in both flavours ----------------------------------------
+
+
+def _unsigned(bundle: Path, root: Path) -> Path:
+    out = root / f"{bundle.name}-unsigned"
+    if not out.exists():
+        shutil.copytree(bundle, out, ignore=shutil.ignore_patterns("model.sig"))
+        os.chmod(out.parent, 0o755)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundles(
+    minilm_bundle: Path, image_bundle_for_containers: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, bool], Path]:
+    """(kind, signed) -> bundle directory."""
+    root = tmp_path_factory.mktemp("unsigned")
+    os.chmod(root, 0o755)
+    return {
+        ("text", True): minilm_bundle,
+        ("image", True): image_bundle_for_containers,
+        ("text", False): _unsigned(minilm_bundle, root),
+        ("image", False): _unsigned(image_bundle_for_containers, root),
+    }
+
+
+@pytest.fixture(scope="module")
+def http_bundles(bundles: dict[tuple[str, bool], Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Each bundle as a .tar, served over HTTP on 127.0.0.1 (a thread of this process); the base URL."""
+    root = tmp_path_factory.mktemp("http")
+    for (kind, signed), bundle in bundles.items():
+        with tarfile.open(root / f"{kind}-{'signed' if signed else 'unsigned'}.tar", "w") as tar:
+            tar.add(bundle, arcname=bundle.name)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def oci_bundles(bundles: dict[tuple[str, bool], Path], oci_registry: Registry) -> dict[tuple[str, bool], str]:
+    out = {}
+    for (kind, signed), bundle in bundles.items():
+        pushed = _cli("bundle", "push", str(bundle), oci_registry.url(f"ortpack/{kind}-{int(signed)}:1"))
+        assert pushed.returncode == 0, pushed.stderr
+        out[(kind, signed)] = pushed.stdout.strip().splitlines()[-1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def host_answers(bundles: dict[tuple[str, bool], Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What the same bundles answer when served by a process on this machine."""
+    logs = tmp_path_factory.mktemp("host-logs")
+    with running_server(bundles[("text", True)], "--variant", "cpu-int8", log_dir=logs) as server:
+        text = _embed(server.url, SENTENCES)
+    with running_server(bundles[("image", True)], log_dir=logs) as server:
+        image = _classify(server.url, _jpeg())
+    return {"text": text, "image": image}
+
+
+def _jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    from ortpack.components.core.validation_data import ImageSpec, render_image
+
+    buffer = io.BytesIO()
+    Image.fromarray(render_image(ImageSpec(height=480, width=640, kind="smooth", seed=3))).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+# (flavour, kind, signed, source): a path is what the init container or a modelcar leaves, http a
+# .tar URL, oci an artifact pushed by `ortpack bundle push`. The slim flavour has no signature check
+# and no OCI client: it serves a signed bundle without checking it (and says so).
+SOURCES = [
+    ("serve", "text", True, "http"),
+    ("serve", "image", True, "oci"),
+    ("serve", "text", False, "oci"),
+    ("serve", "image", False, "http"),
+    ("serve-slim", "text", False, "path"),
+    ("serve-slim", "text", True, "http"),
+    ("serve-slim", "image", False, "http"),
+    ("serve-slim", "image", True, "path"),
+]
+
+
+@pytest.mark.parametrize(("flavour", "kind", "signed", "source"), SOURCES)
+def test_serving_image_fetches_verifies_and_serves(
+    engine: Engine, images: dict[str, str], bundles: dict[tuple[str, bool], Path], http_bundles: str,
+    oci_bundles: dict[tuple[str, bool], str], host_answers: dict[str, Any], trust_dir: Path, tmp_path: Path,
+    flavour: str, kind: str, signed: bool, source: str,
+) -> None:  # fmt: skip
+    """deploy/'s container spec (read-only root, user 10001, no capabilities), on the host network
+    (the registry and the HTTP server listen on 127.0.0.1); every module it imports has its .pyc in
+    the image (an import tracer on PYTHONPATH records the modules compiled from source: none)."""
+    bundle = bundles[(kind, signed)]
+    uri = {
+        "path": "/models/bundle",
+        "http": f"{http_bundles}/{kind}-{'signed' if signed else 'unsigned'}.tar",
+        "oci": oci_bundles[(kind, signed)],
+    }[source]
+    verify = signed and flavour == "serve"
+    trust_key = "/etc/ortpack/trust/trust-key.pem" if verify else ""
+    port, metrics_port = free_port(), free_port()
+    tracer, traces = import_tracer(tmp_path / "trace")
+    args = [
+        *_serving_args(bundle, trust_dir), *tracer, "--network=host",
+        f"--env=ORTPACK_BUNDLE={uri}", f"--env=ORTPACK_PORT={port}", f"--env=ORTPACK_METRICS_PORT={metrics_port}",
+        "--env=ORTPACK_SHUTDOWN_GRACE_S=0", f"--env=ORTPACK_TRUST_KEY={trust_key}",
+    ]  # fmt: skip
+    name = f"ortpack-test-{uuid.uuid4().hex[:8]}"
+    engine.run("run", "-d", "--name", name, "--label", f"{LABEL}=1", *args, images[flavour])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state = engine.inspect(name)["State"]
+            if not state.get("Running", False):
+                raise AssertionError(
+                    f"exited {state.get('ExitCode')}: {engine.run('logs', name, check=False).stderr[-3000:]}"
+                )
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"not ready: {engine.run('logs', name, check=False).stderr[-3000:]}")
+        if kind == "text":
+            np.testing.assert_array_equal(_embed(url, SENTENCES), host_answers["text"])
+        else:
+            assert _classify(url, _jpeg()) == host_answers["image"]
+        stopped = engine.run("stop", "-t", "30", name, check=False)
+        assert stopped.returncode == 0, stopped.stderr
+        logs = engine.run("logs", name, check=False)
+        said = logs.stdout + logs.stderr
+        assert engine.inspect(name)["State"]["ExitCode"] == 0, said[-3000:]
+    finally:
+        engine.run("rm", "-f", "-t", "0", name, check=False)
+    if verify:
+        assert "signature verified" in said, said[-2000:]
+    elif signed:
+        assert "NOT checked" in said, said[-2000:]
+    else:
+        assert "unsigned" in said, said[-2000:]
+    (server,) = [t for t in read_traces(traces) if "ortpack.serving.__main__" in t["modules"]]
+    assert server["compiled"] == [], f"compiled at start (no valid .pyc in the image): {server['compiled'][:10]}"
+    imported = [f for f in server["modules"].values() if f and not f.startswith("/probe/")]
+    assert imported and all(f.startswith(("/usr/lib/python3", "/opt/ortpack/")) for f in imported), imported[:5]
 
 
 def test_deployment_runs_under_kube_play(
@@ -319,9 +516,9 @@ def docker_host(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def test_pipeline_runs_in_the_component_image(
     images: dict[str, str], docker_host: str, tiny_bert: Path, tmp_path: Path
 ) -> None:
-    """`ortpack run --runner docker`: every step in the component image (kfp.local prints the
-    image it found for each), and the bundle equals the subprocess runner's: the same variants,
-    the same model bytes, the same gate results."""
+    """`ortpack run --runner docker`: resolve and export in the component image, every other step
+    in the torch-free steps image (kfp.local prints the image it found for each), and the bundle
+    equals the subprocess runner's: the same variants, the same model bytes, the same gate results."""
     common = ["run", "--model", str(tiny_bert), "--allow-degenerate-reference", "--version", "1"]
     in_docker = _cli(
         *common, "--runner", "docker", "--component-image", images["component"], "--out", str(tmp_path / "docker"),
@@ -329,8 +526,10 @@ def test_pipeline_runs_in_the_component_image(
         env={"DOCKER_HOST": docker_host},
     )  # fmt: skip
     assert in_docker.returncode == 0, in_docker.stderr[-5000:]
-    steps = in_docker.stderr.count(f"Found image '{images['component']}'")
-    assert steps >= 7, in_docker.stderr[-5000:]  # resolve, export, 2 x (optimize, validate, benchmark), package, gate
+    torch_steps = in_docker.stderr.count(f"Found image '{images['component']}'")
+    assert torch_steps >= 1, in_docker.stderr[-5000:]  # resolve, export
+    steps = in_docker.stderr.count(f"Found image '{images['steps']}'")
+    assert steps >= 5, in_docker.stderr[-5000:]  # 2 x (optimize, validate, benchmark), package, gate
     here = _cli(*common, "--out", str(tmp_path / "here"), "--pipeline-root", str(tmp_path / "runs-here"))
     assert here.returncode == 0, here.stderr[-3000:]
     docker_manifest = json.loads((tmp_path / "docker" / "manifest.json").read_text())

@@ -110,16 +110,39 @@ def test_loops_and_conditions_have_no_display_names(targets: tuple[str, ...], tm
     assert all(task["taskInfo"]["name"] == key for key, task in groups.items())
 
 
-def test_every_step_runs_on_the_component_image_and_installs_nothing() -> None:
-    from ortpack.components.images import COMPONENT_IMAGE
+def test_only_resolve_and_export_run_on_the_torch_image_and_nothing_installs() -> None:
+    from ortpack.components.images import COMPONENT_IMAGE, STEPS_IMAGE
 
     (doc, *_) = _docs(COMPILED)
-    images = {e["container"]["image"] for e in _executors(doc).values()}
-    assert images == {COMPONENT_IMAGE}
+    by_image: dict[str, set[str]] = {}
+    for name, e in _executors(doc).items():
+        by_image.setdefault(e["container"]["image"], set()).add(name)
+    assert by_image == {
+        COMPONENT_IMAGE: {"exec-resolve-source", "exec-export-model"},
+        STEPS_IMAGE: {
+            "exec-optimize-variant", "exec-validate-variant", "exec-benchmark-variant", "exec-package-bundle",
+            "exec-check-gate", "exec-publish-bundle",
+        },
+    }  # fmt: skip
     # install_kfp_package=False: the image carries kfp, no step reaches a package index at run time
     assert "pip install" not in COMPILED.read_text()
     golden = json.loads(COMPONENT_IO.read_text())
-    assert all(c["image"] == COMPONENT_IMAGE for c in golden.values())
+    assert all(c["image"] == COMPONENT_IMAGE for c in golden.values())  # the components' own default
+
+
+@pytest.mark.parametrize(
+    ("component", "steps"),
+    [
+        ("example.org/ml/ortpack-component:7", "example.org/ml/ortpack-steps:7"),
+        ("localhost:5000/ortpack-component:1.2-rc1", "localhost:5000/ortpack-steps:1.2-rc1"),
+        (f"example.org/ml/ortpack-component@{DIGEST}", f"example.org/ml/ortpack-component@{DIGEST}"),
+        ("example.org/ml/my-component:7", "example.org/ml/my-component:7"),
+    ],
+)
+def test_steps_image_beside_a_component_image(component: str, steps: str) -> None:
+    from ortpack.components.images import steps_image_for
+
+    assert steps_image_for(component) == steps
 
 
 def test_image_override_by_digest(tmp_path: Path) -> None:
@@ -128,7 +151,7 @@ def test_image_override_by_digest(tmp_path: Path) -> None:
     by_image: dict[str, set[str]] = {}
     for name, e in _executors(doc).items():
         by_image.setdefault(e["container"]["image"], set()).add(name)
-    assert set(by_image) == {image, gpu_image}
+    assert set(by_image) == {image, gpu_image}  # a digest pins one build: it runs the torch-free steps too
     assert by_image[gpu_image] == {"exec-optimize-variant-2", "exec-validate-variant-2", "exec-benchmark-variant-2"}
 
 
@@ -141,6 +164,15 @@ def test_cli_image_options(tmp_path: Path) -> None:
     tagged = _cli("compile", "--out", str(out), "--targets", "cpu,cuda", "--component-image", "example.org/c:1.2")
     assert tagged.returncode == 0, tagged.stderr
     assert "image: example.org/c:1.2-gpu" in out.read_text()
+    steps = _cli(
+        "compile", "--out", str(out), "--component-image", "example.org/ortpack-component:3",
+        "--steps-image", f"example.org/s@{DIGEST}",
+    )  # fmt: skip
+    assert steps.returncode == 0, steps.stderr
+    images = {e["container"]["image"] for e in _executors(_docs(out)[0]).values()}
+    assert images == {"example.org/ortpack-component:3", f"example.org/s@{DIGEST}"}
+    bad_steps = _cli("compile", "--out", str(out), "--steps-image", "no tag here")
+    assert bad_steps.returncode == 2 and "bad image reference" in bad_steps.stderr
     pinned = _cli("compile", "--out", str(out), "--targets", "cpu,cuda", "--component-image", env_image)
     assert pinned.returncode == 2 and "give the GPU image explicitly" in pinned.stderr
     bad = _cli("compile", "--out", str(out), "--component-image", "no tag here")
