@@ -9,12 +9,19 @@ cd "$(dirname "$0")/.."
 # shellcheck source=images/engine.sh
 source images/engine.sh
 ensure_engine
-tag=${BASE_TAG:-localhost/ortpack-base:bookworm}
+# ARCH (a Debian architecture, default this machine's): another one is bootstrapped through
+# qemu-user-static under binfmt (installed with apt-get when missing) and tagged bookworm-ARCH.
+native=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+ARCH=${ARCH:-$native}
+tag=${BASE_TAG:-localhost/ortpack-base:bookworm$([ "$ARCH" = "$native" ] || echo "-$ARCH")}
 if $ENGINE image inspect "$tag" >/dev/null 2>&1; then
     echo "$tag"
     exit 0
 fi
 command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap || exit 1
+if [ "$ARCH" != "$native" ] && ! compgen -G "/proc/sys/fs/binfmt_misc/qemu-*" >/dev/null; then
+    apt_install qemu-user-static binfmt-support || exit 1
+fi
 mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
     | grep -v security | head -n 1)}
 mirror=${mirror:-http://deb.debian.org/debian}
@@ -22,13 +29,13 @@ root=$(mktemp -d /var/tmp/ortpack-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 start=$(date +%s)
 echo "images: making $tag with debootstrap from $mirror" >&2
-if ! debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$mirror" >"$root.log" 2>&1; then
+if ! debootstrap --arch="$ARCH" --variant=minbase --include=python3,python3-venv bookworm "$root" "$mirror" >"$root.log" 2>&1; then
     echo "images: error: debootstrap failed: $(tail -n 1 "$root.log") (log: $root.log)" >&2
     exit 1
 fi
 rm -f "$root.log"
 rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* \
     "$root"/usr/share/locale/* "$root"/usr/share/info/* "$root"/var/log/*
-tar -C "$root" -c . | $ENGINE import --change 'CMD ["python3"]' - "$tag" >/dev/null
+tar -C "$root" -c . | $ENGINE import --arch "$ARCH" --change 'CMD ["python3"]' - "$tag" >/dev/null
 echo "images: made $tag in $(($(date +%s) - start)) s" >&2
 echo "$tag"

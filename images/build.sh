@@ -16,6 +16,10 @@
 #   SERVE_BASE  the build stage of the serving and steps images, whose Debian packages make their
 #               root (images/rootfs.py): debian:bookworm-slim when it can be had, else the same
 #               local base.
+#   ARCH        a Debian architecture to build for (default this machine's): another one, e.g.
+#               arm64, is built under emulation (qemu-user-static under binfmt) and tagged -ARCH.
+#   NUMPY       Dockerfile.serve's numpy: noblas (default) or wheel (e.g. under emulation, where
+#               building numpy takes long).
 #   TORCH       cpu when PyTorch's CPU wheel index answers, else pypi (the CUDA build; see
 #               Dockerfile.component).
 #   PIP_CA      a CA bundle handed to pip as the build secret `pip_ca` (default: the system bundle,
@@ -40,11 +44,22 @@ which=("$@")
 
 ensure_engine
 
+native=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+platform=()
+if [ -n "${ARCH:-}" ] && [ "$ARCH" != "$native" ]; then
+    platform=(--platform "linux/$ARCH")  # built under emulation (qemu-user-static, images/base.sh)
+    suffix="$suffix-$ARCH"
+fi
+export ARCH=${ARCH:-$native}
+
 pick_base() {  # pick_base PUBLIC: PUBLIC when the engine has it or can pull it, else the local base
-    if $ENGINE image inspect "$1" >/dev/null 2>&1 || timeout 120 $ENGINE pull -q "$1" >/dev/null 2>&1; then
+    if [ "$ARCH" = "$native" ] && { $ENGINE image inspect "$1" >/dev/null 2>&1 \
+        || timeout 120 $ENGINE pull -q "$1" >/dev/null 2>&1; }; then
+        echo "$1"
+    elif [ "$ARCH" != "$native" ] && timeout 120 $ENGINE pull -q "${platform[@]}" "$1" >/dev/null 2>&1; then
         echo "$1"
     else
-        echo "images: $1 cannot be pulled here: using a local Debian bookworm base (images/base.sh)" >&2
+        echo "images: $1 ($ARCH) cannot be pulled here: using a local Debian bookworm base (images/base.sh)" >&2
         "$here/base.sh"
     fi
 }
@@ -81,7 +96,8 @@ build() {  # build NAME[:TAG-SUFFIX] DOCKERFILE BASE [ARGS...]
     # podman writes OCI images by default, which have no HEALTHCHECK or SHELL: ask for Docker's format
     [ "$ENGINE" = podman ] && set -- --format docker "$@"
     echo "images: building $tag ($ENGINE, base $base)" >&2
-    if ! $ENGINE build -f "$dockerfile" -t "$tag" --build-arg "BASE_IMAGE=$base" \
+    [ -n "${NUMPY:-}" ] && set -- --build-arg "NUMPY=$NUMPY" "$@"
+    if ! $ENGINE build -f "$dockerfile" -t "$tag" "${platform[@]}" --build-arg "BASE_IMAGE=$base" \
         --build-arg "FLAVOUR=$FLAVOUR" "${secret[@]}" "$@" . >&2; then
         echo "images: error: building $tag failed (see the build output above)" >&2
         exit 1
