@@ -1,6 +1,6 @@
 """Overload: what the server answers when more is asked of it than it can do, in one run.
 
-    python bench/overload.py [--bundle dist/all-MiniLM-L6-v2] [--image-bundle DIR] [--seconds 40]
+    python bench/overload.py [--bundle dist/all-MiniLM-L6-v2] [--image-bundle DIR [--images-only]] [--seconds 40]
         [--compare-with DIR] [--out bench/results/overload.json]
 
 Batch clients of the kind a re-indexing job runs (each request 64 texts of ~2,000 characters, so
@@ -357,6 +357,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"))
     parser.add_argument("--image-bundle", default="")
+    parser.add_argument("--images-only", action="store_true", help="with --image-bundle: skip the text loads")
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--compare-with", default="", help="another tree to run first (before a change)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overload.json"))
@@ -370,8 +371,11 @@ def main() -> int:
     if args.compare_with:
         trees.insert(0, ("before", Path(args.compare_with).resolve()))
     rows = []
+    if args.images_only and not args.image_bundle:
+        parser.error("--images-only needs --image-bundle")
     for label, tree in trees:
-        rows += measure(label, tree, bundle, plans)
+        if not args.images_only:
+            rows += measure(label, tree, bundle, plans)
         if args.image_bundle:
             rows += measure(label, tree, Path(args.image_bundle), image_plans())
     print()
