@@ -9,8 +9,9 @@ call these; this module imports neither (nor the benchmark step), only the recip
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from ortpack.components.core.recipes import PER_CHANNEL, STATIC_INT8_RECIPES, Dy
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
 
+log = logging.getLogger("ortpack.optimize")
 # Fuser name (`EncoderFamily.fuser`, recorded by the exporter in export.json's model_info) -> the
 # onnxruntime.transformers optimizer model_type it runs, or None for the onnxscript rewriter.
 FUSION_MODEL_TYPES: dict[str, str | None] = {"ort-bert": "bert", "onnxscript": None}
@@ -284,3 +286,33 @@ def quantize_int8_static(src: Path, dst: Path, images: list[Any], recipe: str = 
         op_types_to_quantize=settings["ops"],
         nodes_to_exclude=fp32_nodes(graph) + (depthwise if settings["float_depthwise"] else []),
     )
+
+
+def search_static_int8(
+    src: Path,
+    dst: Path,
+    images: list[Any],
+    judge: Callable[[Path], tuple[dict[str, float], list[str]]],
+    rank: Callable[[dict[str, float]], Any],
+) -> dict[str, Any]:
+    """The image families' int8 search: each of `STATIC_INT8_RECIPES` in turn (fastest first) built
+    beside `dst` and judged by `judge(candidate) -> (quality, gate misses)`; the first without a miss
+    is kept, else the one whose quality `rank`s highest, and copied to `dst`. Returns the recipe
+    chosen, whether it `passed`, and every candidate's quality and misses."""
+    import shutil
+
+    tried: dict[str, dict[str, Any]] = {}
+    chosen = None
+    for recipe in STATIC_INT8_RECIPES:
+        candidate = dst.with_name(f"{dst.stem}.{recipe}.onnx")
+        quantize_int8_static(src, candidate, images, recipe)
+        quality, misses = judge(candidate)
+        tried[recipe] = {"quality": quality, "passed": not misses, "misses": misses}
+        log.info("int8 recipe %s: %s", recipe, "; ".join(misses) if misses else "passes")
+        if not misses:
+            chosen = recipe
+            break
+    passed = chosen is not None
+    chosen = chosen or max(tried, key=lambda r: rank(tried[r]["quality"]))
+    shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
+    return {"recipe": chosen, "passed": passed, "candidates": tried}

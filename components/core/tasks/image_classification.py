@@ -22,7 +22,7 @@ import numpy as np
 
 from ortpack.components.core.artifacts import load_arrays
 from ortpack.components.core.exporters.image_models import parse_image_source
-from ortpack.components.core.graph_recipes import quantize_int8_static
+from ortpack.components.core.graph_recipes import quantize_int8_static, search_static_int8
 from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
@@ -232,33 +232,24 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     passes the default int8 gate on the validation images; when none does, the one with the best
     top-1 agreement (its validate step then reports the miss). Returns the recipe chosen and every
     candidate's numbers. A pinned `recipe` is built alone, untried (the validate step gates it)."""
-    import shutil
-
     if recipe:
         quantize_int8_static(src, dst, calibration_images(export_dir), recipe)
         return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
     images = calibration_images(export_dir)
     thresholds = THRESHOLDS["int8"].as_dict()
-    tried: dict[str, dict[str, Any]] = {}
-    chosen = None
     ref = load_arrays(export_dir / export.reference_file)  # read once, not per recipe
-    for recipe in STATIC_INT8_RECIPES:
-        candidate = dst.with_name(f"{dst.stem}.{recipe}.onnx")
-        quantize_int8_static(src, candidate, images, recipe)
+
+    def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
         values = compare(_session(candidate, DISABLED_OPTIMIZERS), ref, export_dir).values
-        misses = gate(values, thresholds, GATES)
-        quality = {k: values[k] for k in ("top1_agreement", "top5_agreement", "max_abs_diff") if k in values}
-        tried[recipe] = {"quality": quality, "passed": not misses, "misses": misses}
-        log.info("int8 recipe %s: %s", recipe, "; ".join(misses) if misses else "passes")
-        if not misses:
-            chosen = recipe
-            break
-    result: dict[str, Any] = {"recipe": chosen, "candidates": tried}
-    if chosen is None and not (Path(export_dir) / CALIBRATION_FILE).is_file():
+        quality: dict[str, float] = {
+            k: values[k] for k in ("top1_agreement", "top5_agreement", "max_abs_diff") if k in values
+        }
+        return quality, gate(values, thresholds, GATES)
+
+    found = search_static_int8(src, dst, images, judge, lambda q: q["top1_agreement"])
+    result: dict[str, Any] = {"recipe": found["recipe"], "candidates": found["candidates"]}
+    if not found["passed"] and not (Path(export_dir) / CALIBRATION_FILE).is_file():
         result["hint"] = CALIBRATION_HINT
-    chosen = chosen or max(tried, key=lambda r: tried[r]["quality"]["top1_agreement"])
-    result["recipe"] = chosen
-    shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
     return result
 
 

@@ -15,15 +15,14 @@ batch 1 and the batch is gated.
 from __future__ import annotations
 
 import json
-import logging
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ortpack.components.core.artifacts import load_arrays
-from ortpack.components.core.graph_recipes import quantize_int8_static
+from ortpack.components.core.graph_recipes import quantize_int8_static, search_static_int8
+from ortpack.components.core.int8_search import session
 from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
@@ -34,13 +33,11 @@ from ortpack.kernel.engines.object_detection import detection_metrics, match, sp
 from ortpack.kernel.gates import gate
 from ortpack.kernel.images import ImageDecoder
 from ortpack.kernel.probe import Probe
-from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
     from ortpack.components.core.specs import ExportSpec
 
-log = logging.getLogger("ortpack.optimize")
 
 OUTPUTS = (BOXES, SCORES, LABELS, BATCH_INDEX)
 PROBE_IMAGES = 12
@@ -193,32 +190,14 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         quantize_int8_static(src, dst, images, recipe)
         return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
     ref = load_arrays(export_dir / export.reference_file)
-    tried: dict[str, dict[str, Any]] = {}
-    chosen = None
-    for name in STATIC_INT8_RECIPES:
-        candidate = dst.with_name(f"{dst.stem}.{name}.onnx")
-        quantize_int8_static(src, candidate, images, name)
-        values = compare(_session(candidate), ref, export_dir).values
-        misses = gate(values, THRESHOLDS["int8"].as_dict(), GATES)
+
+    def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
+        values = compare(session(candidate), ref, export_dir).values
         quality = {k: values[k] for k in ("decisive_recall", "decisive_precision", "matched_f1", "min_matched_iou")}
-        tried[name] = {"quality": quality, "passed": not misses, "misses": misses}
-        log.info("int8 recipe %s: %s", name, "; ".join(misses) if misses else "passes")
-        if not misses:
-            chosen = name
-            break
-    chosen = chosen or max(tried, key=lambda r: tried[r]["quality"]["matched_f1"])
-    shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
-    return {"recipe": chosen, "candidates": tried}
+        return quality, gate(values, THRESHOLDS["int8"].as_dict(), GATES)
 
-
-def _session(path: Path) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(
-        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS
-    )
+    found = search_static_int8(src, dst, images, judge, lambda q: q["matched_f1"])
+    return {"recipe": found["recipe"], "candidates": found["candidates"]}
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
