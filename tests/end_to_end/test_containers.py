@@ -26,7 +26,6 @@ import sys
 import tarfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ import pytest
 import yaml
 
 from tests.containers import (
-    LABEL,
     ROOT,
     Engine,
     build_images,
@@ -382,36 +380,18 @@ def test_serving_image_fetches_verifies_and_serves(
         f"--env=ORTPACK_BUNDLE={uri}", f"--env=ORTPACK_PORT={port}", f"--env=ORTPACK_METRICS_PORT={metrics_port}",
         "--env=ORTPACK_SHUTDOWN_GRACE_S=0", f"--env=ORTPACK_TRUST_KEY={trust_key}",
     ]  # fmt: skip
-    name = f"ortpack-test-{uuid.uuid4().hex[:8]}"
-    engine.run("run", "-d", "--name", name, "--label", f"{LABEL}=1", *args, images[flavour])
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            state = engine.inspect(name)["State"]
-            if not state.get("Running", False):
-                raise AssertionError(
-                    f"exited {state.get('ExitCode')}: {engine.run('logs', name, check=False).stderr[-3000:]}"
-                )
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"not ready: {engine.run('logs', name, check=False).stderr[-3000:]}")
+    with running_container(engine, images[flavour], args, []) as container:
+        container.ports[8080] = port  # the host network: the server listens on ORTPACK_PORT itself
+        wait_ready(container)
+        url = container.url()
         if kind == "text":
             np.testing.assert_array_equal(_embed(url, SENTENCES), host_answers["text"])
         else:
             assert _classify(url, _jpeg()) == host_answers["image"]
-        stopped = engine.run("stop", "-t", "30", name, check=False)
+        stopped = engine.run("stop", "-t", "30", container.name, check=False)
         assert stopped.returncode == 0, stopped.stderr
-        logs = engine.run("logs", name, check=False)
-        said = logs.stdout + logs.stderr
-        assert engine.inspect(name)["State"]["ExitCode"] == 0, said[-3000:]
-    finally:
-        engine.run("rm", "-f", "-t", "0", name, check=False)
+        said = container.logs()
+        assert container.state()["ExitCode"] == 0, said[-3000:]
     if verify:
         assert "signature verified" in said, said[-2000:]
     elif signed:
