@@ -32,7 +32,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
 from bench.image_serve import HEIGHT, WIDTH, make_jpeg  # noqa: E402
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
@@ -44,6 +43,7 @@ from bench.serve_load import (  # noqa: E402
     table,
     write_results,
 )
+from ortpack.kernel.hardware import this_machine  # noqa: E402
 
 CONCURRENCY = (1, 50)
 FILE_LUA = ROOT / "bench" / "wrk" / "post_file.lua"
@@ -117,7 +117,7 @@ def main() -> int:
     body = json.dumps({"input": base64.b64encode(jpeg).decode()})
     results: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
+        "cpu": this_machine().cpu_model,
         "cpu_count": os.cpu_count(),
         "bundle": str(bundle),
         "variants": [v["id"] for v in manifest["variants"]],
@@ -194,16 +194,6 @@ def report(results: dict[str, Any], seconds: float) -> None:
     results["ratios"] = ratios
     print("\n" + table(ratios))
     print("\n" + cold_start_table(results["servers"]))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

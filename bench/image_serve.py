@@ -37,7 +37,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
     free_port,
@@ -49,6 +48,7 @@ from bench.serve_load import (  # noqa: E402
     write_results,
 )
 from ortpack.components.core.timing import LoadWatch  # noqa: E402
+from ortpack.kernel.hardware import this_machine  # noqa: E402
 
 CONCURRENCY = (1, 8, 50)
 FILE_LUA = ROOT / "bench" / "wrk" / "post_file.lua"
@@ -175,7 +175,6 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
     import orjson
 
     from ortpack.kernel.bundle import read_manifest
-    from ortpack.kernel.hardware import this_machine
     from ortpack.kernel.images import ImageDecoder, choose_decoder, decode_base64
     from ortpack.kernel.runtime import serving_session
     from ortpack.kernel.selection import choose_variant
@@ -256,7 +255,7 @@ def main() -> int:
     body = json.dumps({"image": base64.b64encode(jpeg).decode()})
     results: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
+        "cpu": this_machine().cpu_model,
         "cpu_count": os.cpu_count(),
         "model": args.model,
         "bundle": str(bundle),
@@ -372,16 +371,6 @@ def report(results: dict[str, Any], seconds: float) -> None:
     print(f"\nvariant {stages['variant']}, default decode: {stages['default_decode']}")
     print(table(split))
     print("\n" + cold_start_table(results["servers"]))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -348,11 +348,6 @@ def results_table(rows: list[dict[str, Any]]) -> str:
     return table([header, *body])
 
 
-def cpu_model() -> str:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default=str(ROOT / "dist" / "all-MiniLM-L6-v2"))
@@ -364,6 +359,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from ortpack.kernel.bundle import read_manifest
+    from ortpack.kernel.hardware import this_machine
 
     bundle = Path(args.bundle)
     plans = text_plans(read_manifest(bundle).name, args.seconds)
@@ -385,14 +381,7 @@ def main() -> int:
         {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))},
-            "cpu_model": next(
-                (
-                    ln.split(":", 1)[1].strip()
-                    for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if "model name" in ln
-                ),
-                "",
-            ),
+            "cpu_model": this_machine().cpu_model,
             "deadline_s": DEADLINE_S,
             "runs": rows,
         },
