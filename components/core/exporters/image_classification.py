@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from torch import nn
 from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
 from ortpack.components.core.exporters.image_common import (
-    BENCH_SHAPES,
     INPUT_NAME,
     MIN_OPSET,
     ValidationSet,
@@ -46,6 +44,7 @@ from ortpack.components.core.exporters.image_common import (
     reference_decode,
     reference_decode_size,
     reference_transform,
+    torch_latency,
 )
 from ortpack.components.core.exporters.image_models import (
     default_labels,
@@ -53,13 +52,10 @@ from ortpack.components.core.exporters.image_models import (
     parse_image_source,
 )
 from ortpack.components.core.specs import ExportSpec
-from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
-    ImageSpec,
     pack_files,
     read_image_files,
-    render_image,
 )
 from ortpack.kernel.contracts.image_classification import CONTRACT, ImageOptions
 from ortpack.kernel.gates import gate, probability_metrics
@@ -231,24 +227,6 @@ def _write_calibration(calibration: list[tuple[str, bytes]], out_dir: Path) -> N
     np.savez(out_dir / CALIBRATION_FILE, offsets=offsets, data=data)
 
 
-def _torch_latency(classifier: Classifier, pre: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """PyTorch's latency at `BENCH_SHAPES`: torchvision's transforms, then the model."""
-    log.info("export: measuring PyTorch eager latency (torchvision transforms + model)")
-    transform = reference_transform(pre)
-    mean, std = torch.tensor(pre["mean"]).view(1, 3, 1, 1), torch.tensor(pre["std"]).view(1, 3, 1, 1)
-
-    def torch_call(batch: torch.Tensor) -> torch.Tensor:
-        x = transform(batch.permute(0, 3, 1, 2)).float() / 255.0
-        return classifier((x - mean) / std)
-
-    torch_latency = {}
-    with torch.inference_mode():
-        for key, (n, h, w) in BENCH_SHAPES.items():
-            batch = torch.from_numpy(np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)]))
-            torch_latency[key] = measure_latency(partial(torch_call, batch), budget_s=3.0)
-    return torch_latency
-
-
 def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` (a torchvision model name) into `out_dir`; return what was written."""
     opts = spec.options_as(ImageOptions)
@@ -277,7 +255,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     decode, decode_metrics = _write_reference(classifier, pre, validation, out_dir)
     if calibration is not None:
         _write_calibration(calibration, out_dir)
-    torch_latency = _torch_latency(classifier, pre)
+    latency = torch_latency(classifier, pre)
 
     return ExportResult(  # written once, by ortpack.components.core.export.export_model
         task="image-classification",
@@ -295,7 +273,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "validation_files": float(len(validation.files)),
             **decode_metrics,
         },
-        torch_latency=torch_latency,
+        torch_latency=latency,
         versions={"torch": torch.__version__, "torchvision": torchvision.__version__, "onnx": onnx.__version__},
         task_settings={"preprocessing": preprocessing_settings(pre, decode), "labels": labels},
         extra_files=[],

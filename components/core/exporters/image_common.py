@@ -20,6 +20,7 @@ import io
 import logging
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from torch import nn
 from ortpack.components.core.errors import ExportError, InvalidSpecError
 from ortpack.components.core.exporters.image_models import default_preprocessing, parse_image_source
 from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
+    ImageSpec,
     encode_png,
     encode_validation_image,
     encoded_validation_images,
@@ -296,6 +299,25 @@ def reference_transform(pre: dict[str, Any]) -> Any:
     return v2.Compose(
         [v2.Resize(pre["resize_size"], interpolation=mode, antialias=True), v2.CenterCrop(pre["crop_size"])]
     )
+
+
+def torch_latency(model: nn.Module, pre: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """PyTorch's latency at `BENCH_SHAPES`: torchvision's transforms, then `model` on the
+    normalised pixels."""
+    log.info("export: measuring PyTorch eager latency (torchvision transforms + model)")
+    transform = reference_transform(pre)
+    mean, std = torch.tensor(pre["mean"]).view(1, 3, 1, 1), torch.tensor(pre["std"]).view(1, 3, 1, 1)
+
+    def torch_call(batch: torch.Tensor) -> torch.Tensor:
+        x = transform(batch.permute(0, 3, 1, 2)).float() / 255.0
+        return model((x - mean) / std)
+
+    latency = {}
+    with torch.inference_mode():
+        for key, (n, h, w) in BENCH_SHAPES.items():
+            batch = torch.from_numpy(np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)]))
+            latency[key] = measure_latency(partial(torch_call, batch), budget_s=3.0)
+    return latency
 
 
 def export_graphs(pre: dict[str, Any], head: nn.Module, output: str, out_dir: Path, opset: int) -> None:

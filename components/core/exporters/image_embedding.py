@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
 from ortpack.components.core.exporters.hf_vision import hf_preprocessing, hf_vision_type, load_hf_vision
 from ortpack.components.core.exporters.image_common import (
-    BENCH_SHAPES,
     INPUT_NAME,
     MIN_OPSET,
     export_graphs,
@@ -44,17 +42,15 @@ from ortpack.components.core.exporters.image_common import (
     preprocessing_spec,
     reference_decode,
     reference_transform,
+    torch_latency,
 )
 from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
 from ortpack.components.core.specs import ExportSpec
-from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
-    ImageSpec,
     pack_files,
     read_image_files,
-    render_image,
 )
 from ortpack.kernel.bundle import sha256_file
 from ortpack.kernel.contracts.image_embedding import OUTPUT, ImageEmbeddingOptions
@@ -196,7 +192,7 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
             "retrieval_copies": float(len(copies)),
             **{f"reference.retrieval_recall_at_{k}": v for k, v in recall.items()},
         },
-        torch_latency=_torch_latency(embedder, pre),
+        torch_latency=torch_latency(embedder, pre),
         versions={"torch": torch.__version__, "torchvision": torchvision.__version__, "onnx": onnx.__version__},
         task_settings={
             "preprocessing": preprocessing_settings(pre, {"decode": "exact", "decode_min_side": 0}),
@@ -231,21 +227,3 @@ def _hf_encoder(
         "weights_sha256": sha256_file(path / weights) if weights else None,
     }
     return network, pre, pooling, record
-
-
-def _torch_latency(embedder: Embedder, pre: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """PyTorch's latency at `BENCH_SHAPES`: torchvision's transforms, then the model."""
-    log.info("export: measuring PyTorch eager latency (torchvision transforms + model)")
-    transform = reference_transform(pre)
-    mean, std = torch.tensor(pre["mean"]).view(1, 3, 1, 1), torch.tensor(pre["std"]).view(1, 3, 1, 1)
-
-    def torch_call(batch: torch.Tensor) -> torch.Tensor:
-        x = transform(batch.permute(0, 3, 1, 2)).float() / 255.0
-        return embedder((x - mean) / std)
-
-    latency = {}
-    with torch.inference_mode():
-        for key, (n, h, w) in BENCH_SHAPES.items():
-            batch = torch.from_numpy(np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)]))
-            latency[key] = measure_latency(partial(torch_call, batch), budget_s=3.0)
-    return latency

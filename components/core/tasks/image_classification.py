@@ -219,7 +219,7 @@ def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
 
 
 def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarray]]]:
-    from ortpack.components.core.exporters.image_classification import BENCH_SHAPES
+    from ortpack.components.core.exporters.image_common import BENCH_SHAPES
 
     return {
         key: (n, {"images": np.stack([render_image(ImageSpec(h, w, "smooth", i)) for i in range(n)])})
