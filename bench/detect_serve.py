@@ -32,10 +32,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.image_serve import runs_table  # noqa: E402
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
     free_port,
-    load_cell,
     print_run,
     run_wrk_script,
     started_server,
@@ -145,29 +145,13 @@ def main() -> int:
 
 
 def report(results: dict[str, Any], seconds: float) -> None:
-    rows = [["server", "conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req", "load"]]
-    for server in results["servers"]:
-        for r in server["runs"]:
-            rows.append(
-                [
-                    server["server"],
-                    str(r["concurrency"]),
-                    f"{r['requests_per_s']:.1f}",
-                    f"{r['p50_ms']:.1f}",
-                    f"{r['p99_ms']:.1f}",
-                    str(r["errors"]),
-                    f"{r['peak_rss_mb']:.0f}",
-                    f"{r['cpu_ms_per_request']:.1f}",
-                    load_cell(r),
-                ]
-            )
     jpeg = results["jpeg"]
     print(
         f"\ndetection serving: YOLOv8s (fall detector), the same {jpeg['width']}x{jpeg['height']} "
         f"{jpeg['bytes'] / 1000:.0f} KB JPEG to /v1/detect, {results['cpu_count']} cores ({results['cpu']}), "
         f"{seconds:.0f} s per row"
     )
-    print(table(rows))
+    print(runs_table(results["servers"], workload=False))
     runs = {(s["server"], r["concurrency"]): r for s in results["servers"] for r in s["runs"]}
 
     def speed(server: str, concurrency: int) -> float:

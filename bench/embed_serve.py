@@ -32,11 +32,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.image_serve import HEIGHT, WIDTH, make_jpeg  # noqa: E402
+from bench.image_serve import HEIGHT, WIDTH, make_jpeg, runs_table  # noqa: E402
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
     free_port,
-    load_cell,
     print_run,
     run_wrk_script,
     started_server,
@@ -150,29 +149,12 @@ def main() -> int:
 
 
 def report(results: dict[str, Any], seconds: float) -> None:
-    rows = [["server", "workload", "conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req", "load"]]
-    for server in results["servers"]:
-        for r in server["runs"]:
-            rows.append(
-                [
-                    server["server"],
-                    r["workload"],
-                    str(r["concurrency"]),
-                    f"{r['requests_per_s']:.1f}",
-                    f"{r['p50_ms']:.1f}",
-                    f"{r['p99_ms']:.1f}",
-                    str(r["errors"]),
-                    f"{r['peak_rss_mb']:.0f}",
-                    f"{r['cpu_ms_per_request']:.1f}",
-                    load_cell(r),
-                ]
-            )
     jpeg = results["jpeg"]
     print(
         f"\nimage embeddings: EfficientNet-Lite0 features, the same {jpeg['width']}x{jpeg['height']} "
         f"{jpeg['bytes'] / 1000:.0f} KB JPEG, {results['cpu_count']} cores ({results['cpu']}), {seconds:.0f} s per row"
     )
-    print(table(rows))
+    print(runs_table(results["servers"]))
     runs = {(s["server"], r["workload"], r["concurrency"]): r for s in results["servers"] for r in s["runs"]}
 
     def speed(server: str, workload: str, concurrency: int) -> float:

@@ -294,14 +294,17 @@ def main() -> int:
     return 0
 
 
-def report(results: dict[str, Any], seconds: float) -> None:
-    rows = [["server", "workload", "conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req", "load"]]
-    for server in results["servers"]:
+def runs_table(servers: list[dict[str, Any]], workload: bool = True) -> str:
+    """One row per run of each server (with its workload's name when `workload`): requests/s,
+    latency, errors, memory, CPU per request and the machine's load."""
+    columns = ["conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req", "load"]
+    rows = [["server", *(["workload"] if workload else []), *columns]]
+    for server in servers:
         for r in server["runs"]:
             rows.append(
                 [
                     server["server"],
-                    r["workload"],
+                    *([r["workload"]] if workload else []),
                     str(r["concurrency"]),
                     f"{r['requests_per_s']:.1f}",
                     f"{r['p50_ms']:.1f}",
@@ -312,13 +315,17 @@ def report(results: dict[str, Any], seconds: float) -> None:
                     load_cell(r),
                 ]
             )
+    return table(rows)
+
+
+def report(results: dict[str, Any], seconds: float) -> None:
     jpeg = results["jpeg"]
     print(
         f"\nimage serving: {results['model']} (default decode {results['decode']}), the same "
         f"{jpeg['width']}x{jpeg['height']} {jpeg['bytes'] / 1000:.0f} KB "
         f"JPEG, {results['cpu_count']} cores ({results['cpu']}), {seconds:.0f} s per row"
     )
-    print(table(rows))
+    print(runs_table(results["servers"]))
     runs = {(s["server"], r["workload"], r["concurrency"]): r for s in results["servers"] for r in s["runs"]}
     ratios = [["workload", "conc.", "default vs naive", "exact vs naive", "p99 ms: naive / default / exact"]]
     for workload in ("base64 JSON", "raw bytes"):

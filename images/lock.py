@@ -59,7 +59,7 @@ def resolve(upgrade: bool) -> dict[str, dict]:
     return {norm(i["metadata"]["name"]): i for i in items}
 
 
-def closure(start: list[str], items: dict[str, dict], extras_of: dict[str, set[str]] | None = None) -> set[str]:
+def closure(start: list[str], items: dict[str, dict]) -> set[str]:
     """The names reachable from the requirement strings `start` in the resolved `items`."""
     environment = default_environment()
     seen: set[str] = set()
@@ -94,8 +94,9 @@ def main() -> int:
     import tomllib
 
     items = resolve(upgrade="--upgrade" in sys.argv[1:])
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    base = [*tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"], *extras["serve"]]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    base = [*project["dependencies"], *extras["serve"]]
     served = closure(base, items) - NEVER - NOT_SERVED
     out = {"requirements.lock": served}
     for extra in EXTRAS:
