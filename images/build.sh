@@ -52,11 +52,9 @@ if [ -n "${ARCH:-}" ] && [ "$ARCH" != "$native" ]; then
 fi
 export ARCH=${ARCH:-$native}
 
-pick_base() {  # pick_base PUBLIC: PUBLIC when the engine has it or can pull it, else the local base
-    if [ "$ARCH" = "$native" ] && { $ENGINE image inspect "$1" >/dev/null 2>&1 \
-        || timeout 120 $ENGINE pull -q "$1" >/dev/null 2>&1; }; then
-        echo "$1"
-    elif [ "$ARCH" != "$native" ] && timeout 120 $ENGINE pull -q "${platform[@]}" "$1" >/dev/null 2>&1; then
+pick_base() {  # pick_base PUBLIC: PUBLIC when the engine has it (native ARCH) or can pull it, else the local base
+    if { [ "$ARCH" = "$native" ] && $ENGINE image inspect "$1" >/dev/null 2>&1; } \
+        || timeout 120 $ENGINE pull -q "${platform[@]}" "$1" >/dev/null 2>&1; then
         echo "$1"
     else
         echo "images: $1 ($ARCH) cannot be pulled here: using a local Debian bookworm base (images/base.sh)" >&2
