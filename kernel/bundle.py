@@ -145,6 +145,7 @@ class Int8Candidate(_Strict):
     mb: float | None = None
     latency_ms: dict[str, float] = Field(default_factory=dict)
     speed_ms: float | None = None
+    float_layers: int = 0  # image int8: how many quantizable layers this candidate kept in float
 
     @model_validator(mode="before")
     @classmethod
@@ -160,9 +161,27 @@ class Int8Recipe(_Strict):
     task tried several, every candidate (components/core/int8_search.py)."""
 
     recipe: str
+    candidate: str = ""  # the candidate shipped, where it is not the recipe alone (the recipe + layers in float)
     rule: str = ""
     candidates: dict[str, Int8Candidate] = Field(default_factory=dict)
     hint: str = ""  # what would help when no recipe was within budget (calibration photos)
+    # static int8 (image tasks, components/core/static_int8.py): the weights' width (8 bits are
+    # exact only where the CPU sums u8 x s8 without saturation: `needs_exact_int8_dot`), whether
+    # biases were corrected, the calibration, the layers kept in float with the quantization noise
+    # each added (their sensitivity), every layer's sensitivity where the search measured it
+    weight_bits: int | None = None
+    bias_correction: bool | None = None
+    calibration: str = ""
+    float_layers: dict[str, float] = Field(default_factory=dict)
+    sensitivity: dict[str, float] = Field(default_factory=dict)
+    # what ONNX Runtime runs for the shipped graph (components/core/static_int8.kernel_census):
+    # int8 kernels and float compute by operator, float compute fed by dequantized weights
+    kernels: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def needs_exact_int8_dot(self) -> bool:
+        """8-bit s8 weights: the numbers hold only where u8 x s8 products sum exactly (VNNI, AMX)."""
+        return (self.weight_bits or 0) >= 8
 
 
 class OptimizeSection(_Strict):

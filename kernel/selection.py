@@ -47,15 +47,23 @@ def _ranking(
     return key
 
 
+def inexact_here(variant: Variant, hardware: HardwareInfo) -> bool:
+    """An int8 variant with 8-bit weights on a CPU whose u8 x s8 kernels saturate (AVX2 without
+    VNNI): its numbers were proven where products sum exactly and would differ here."""
+    int8 = variant.optimize.int8
+    return variant.target == "cpu" and int8 is not None and int8.needs_exact_int8_dot and not hardware.exact_int8_dot
+
+
 def rank_variants(
     variants: Sequence[Variant], available_providers: Sequence[str], hardware: HardwareInfo
 ) -> list[Variant]:
-    """`auto`'s order over these variants on this machine (see `candidate_variants`)."""
+    """`auto`'s order over these variants on this machine (see `candidate_variants`); int8
+    variants that would not compute their proven numbers here (`inexact_here`) are left out."""
     ordered: list[Variant] = []
     for target in TRY_ORDER:
         if TARGET_PROVIDER[target] not in available_providers:
             continue
-        candidates = [v for v in variants if v.target == target]
+        candidates = [v for v in variants if v.target == target and not inexact_here(v, hardware)]
         ordered += sorted(candidates, key=_ranking(candidates, PREFERENCE[target], hardware))
     return ordered
 

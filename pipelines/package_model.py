@@ -292,7 +292,7 @@ def make_pipeline(
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
             int8_recipe: Build the int8 variants with this recipe instead of the task's search
                 (text: per-channel, per-tensor, ffn-out-fp32, each also +int8-embeddings; images:
-                s7, s7-conv, u8-pointwise); empty: search.
+                s8, s7, s8-uncorrected, s7-uncorrected); empty: search.
             version: Bundle version (empty: unique per run, the UTC time and the run id).
             allow_degenerate_reference: Build even when the PyTorch outputs barely vary (random
                 weights; parity is then vacuous and the report says so).

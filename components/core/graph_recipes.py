@@ -1,6 +1,6 @@
 """Graph recipes: the transformer fusions and the precision conversions a task family applies to
-an ONNX graph (fp16 with the pre/post-processing kept in fp32, dynamic int8 with per-token rows,
-static int8 calibrated on images).
+an ONNX graph (fp16 with the pre/post-processing kept in fp32, dynamic int8 with per-token rows).
+Static int8 for the image families is components/core/static_int8.py.
 
 The optimize step (`ortpack.components.core.optimize`) and the task families (`ortpack.components.core.tasks`)
 call these; this module imports neither (nor the benchmark step), only the recipe table
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortpack.components.core.recipes import PER_CHANNEL, STATIC_INT8_RECIPES, DynamicInt8
+from ortpack.components.core.recipes import PER_CHANNEL, DynamicInt8
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult
@@ -231,88 +231,3 @@ def _per_token_matmuls(model: Any, names: set[str]) -> None:
     graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept + added)
-
-
-def quantize_int8_static(src: Path, dst: Path, images: list[Any], recipe: str = "u8-pointwise") -> None:
-    """Static int8 (QDQ) for convolution nets with one of `STATIC_INT8_RECIPES`, calibrated on
-    `images` (uint8 [H, W, 3]: the user's calibration photos, or generated images disjoint from
-    the validation set), min/max ranges, uint8 activations. Where ReLU and Clip (ReLU6) are
-    quantized with their convolution, the range is the activation's ([0, 6]), not the
-    convolution's raw output; preprocessing, the classifier head and the softmax stay fp32.
-
-    Measured on the trained EfficientNet-Lite0 (48 photos, AMD EPYC with AVX2, top-1 agreement
-    with PyTorch; simulated = QDQ run as fp32, real = ONNX Runtime's int8 kernels): convolutions
-    with 7-bit weights and the activations left out (the earlier recipe) 0.44; with ReLU6 fused
-    (s7) 0.72; depthwise convolutions alone 0.73 while the others alone keep 0.94-0.95; 8-bit s8
-    weights 0.89 simulated but 0.66 real (saturation without VNNI); u8 x u8 everywhere 0.81 (and
-    384 ms, ONNX Runtime's u8 x u8 depthwise kernel is slow); u8-pointwise 0.92 (decisive top-1
-    1.0). At batch 1 on a 480x640 photo: fp32 81 ms, s7 77 ms, u8-pointwise 103 ms. The
-    random-weight MobileNetV3-small of the tests (its weights depend on the CPU that made them)
-    passed with s7-conv on a Xeon with AMX (0.875-0.94) and misses with all three on that AMD
-    EPYC (s7 0.81, s7-conv 0.79, u8-pointwise 0.77): its bundles then ship fp32 alone."""
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    settings = STATIC_INT8_RECIPES[recipe]
-
-    class Images(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.images = iter(images)
-
-        def get_next(self) -> dict[str, Any] | None:
-            image = next(self.images, None)
-            return None if image is None else {"images": image[None]}
-
-    graph = onnx.load(str(src)).graph
-    depthwise = [
-        n.name for n in graph.node if n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)
-    ]
-    quantize_static(
-        str(src),
-        str(dst),
-        Images(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QUInt8 if settings["unsigned_weights"] else QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-        reduce_range=not settings["unsigned_weights"],
-        op_types_to_quantize=settings["ops"],
-        nodes_to_exclude=fp32_nodes(graph) + (depthwise if settings["float_depthwise"] else []),
-    )
-
-
-def search_static_int8(
-    src: Path,
-    dst: Path,
-    images: list[Any],
-    judge: Callable[[Path], tuple[dict[str, float], list[str]]],
-    rank: Callable[[dict[str, float]], Any],
-) -> dict[str, Any]:
-    """The image families' int8 search: each of `STATIC_INT8_RECIPES` in turn (fastest first) built
-    beside `dst` and judged by `judge(candidate) -> (quality, gate misses)`; the first without a miss
-    is kept, else the one whose quality `rank`s highest, and copied to `dst`. Returns the recipe
-    chosen, whether it `passed`, and every candidate's quality and misses."""
-    import shutil
-
-    tried: dict[str, dict[str, Any]] = {}
-    chosen = None
-    for recipe in STATIC_INT8_RECIPES:
-        candidate = dst.with_name(f"{dst.stem}.{recipe}.onnx")
-        quantize_int8_static(src, candidate, images, recipe)
-        quality, misses = judge(candidate)
-        tried[recipe] = {"quality": quality, "passed": not misses, "misses": misses}
-        log.info("int8 recipe %s: %s", recipe, "; ".join(misses) if misses else "passes")
-        if not misses:
-            chosen = recipe
-            break
-    passed = chosen is not None
-    chosen = chosen or max(tried, key=lambda r: rank(tried[r]["quality"]))
-    shutil.copyfile(dst.with_name(f"{dst.stem}.{chosen}.onnx"), dst)
-    return {"recipe": chosen, "passed": passed, "candidates": tried}

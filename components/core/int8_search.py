@@ -187,11 +187,19 @@ def table(record: dict[str, Any]) -> list[list[str]]:
     quality = list(dict.fromkeys(k for row in rows.values() for k in row.get("quality", {})))
     shapes = list(dict.fromkeys(s for row in rows.values() for s in row.get("latency_ms") or {}))
     sized = any(row.get("mb") is not None for row in rows.values())
-    header = ["recipe", *(["MB"] if sized else []), *quality, *(f"{s} ms" for s in shapes), "outcome"]
+    mixed = any(row.get("float_layers") for row in rows.values())  # image int8 with layers kept in float
+    header = [
+        "recipe",
+        *(["MB"] if sized else []),
+        *(["float layers"] if mixed else []),
+        *quality,
+        *(f"{s} ms" for s in shapes),
+        "outcome",
+    ]
     out = [header]
     for name, row in rows.items():
         numbers, latency = row.get("quality", {}), row.get("latency_ms") or {}
-        if name == record.get("recipe"):
+        if name == (record.get("candidate") or record.get("recipe")):
             outcome = "shipped"
         elif row.get("passed") is not False and not row.get("misses"):
             outcome = "within budget"
@@ -201,6 +209,7 @@ def table(record: dict[str, Any]) -> list[list[str]]:
             [
                 name,
                 *([f"{row['mb']:.1f}" if row.get("mb") is not None else "-"] if sized else []),
+                *([str(row.get("float_layers", 0))] if mixed else []),
                 *(f"{numbers[k]:.4f}" if k in numbers else "-" for k in quality),
                 *(f"{latency[s]:.2f}" if s in latency else "-" for s in shapes),
                 outcome,

@@ -151,6 +151,13 @@ def optimize_model(
     online = "all"
     if target.offline_optimization_level != "disabled":
         online = choose_online_level(final, export, list(target.execution_providers))
+    if int8 is not None and "CPUExecutionProvider" in target.execution_providers:
+        from ortpack.components.core.static_int8 import kernel_census
+
+        # what ONNX Runtime runs as the server loads this graph: int8 kernels, and no float
+        # convolution or matmul fed by dequantized weights (quantize/dequantize paid for nothing)
+        level = online if target.offline_optimization_level != "disabled" else "all"
+        int8["kernels"] = kernel_census(final, level=level)
     seconds = time.perf_counter() - t0
     result = OptimizeResult(
         variant_id=variant.id,

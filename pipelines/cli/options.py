@@ -220,7 +220,7 @@ def add_int8_recipe(p: argparse.ArgumentParser) -> None:
         "--int8-recipe",
         metavar="NAME",
         help="build int8 with this recipe instead of searching (text: per-channel, per-tensor, ffn-out-fp32, "
-        "each also NAME+int8-embeddings; images: s7, s7-conv, u8-pointwise), e.g. the one a bundle's "
+        "each also NAME+int8-embeddings; images: s8, s7, s8-uncorrected, s7-uncorrected), e.g. the one a bundle's "
         "optimize record names, to keep its embedding space",
     )
 

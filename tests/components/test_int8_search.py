@@ -152,7 +152,7 @@ def test_recipe_names_are_checked_per_task() -> None:
     from ortpack.components.core.errors import InvalidSpecError
     from ortpack.components.core.tasks import check_int8_recipe
 
-    check_int8_recipe("image-classification", "u8-pointwise")
+    check_int8_recipe("image-classification", "s7")
     check_int8_recipe("text-classification", "per-channel+int8-embeddings")
     with pytest.raises(InvalidSpecError, match="unknown int8 recipe 'per-channel' for task 'image-classification'"):
         check_int8_recipe("image-classification", "per-channel")

@@ -83,6 +83,7 @@ class _Ranking:
     chosen: VariantRecord | None
     by_speed: bool  # by this build's benchmark (measured on this kind of CPU), else by preference
     shape: str  # the benchmark shape the server compares: the first
+    exact_int8_dot: bool = True  # this machine sums u8 x s8 exactly (kernel/hardware.py)
 
     @property
     def preference(self) -> str:
@@ -104,6 +105,12 @@ class _Ranking:
             hint = (rec.built.metrics.get("int8") or {}).get("hint")
             return miss_reason(rec.parity) + (f"; {hint}" if hint else "")
         place = next((i for i, v in enumerate(self.order) if v.id == rec.variant_id), None)
+        bits = (rec.built.metrics.get("int8") or {}).get("weight_bits") or 0
+        if rec.built.target == "cpu" and bits >= 8 and not self.exact_int8_dot:
+            return (
+                "not on this CPU: its 8-bit int8 weights were proven where u8 x s8 products sum exactly "
+                "(VNNI, AMX); this CPU's int8 kernels saturate"
+            )
         if place is None or self.chosen is None:
             return f"not for this hardware: needs {TARGET_PROVIDER.get(rec.built.target, rec.built.target)} (none here)"
         first = self.chosen
@@ -119,14 +126,16 @@ class _Ranking:
 
 def _rank(records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo) -> _Ranking:
     order = rank_variants(_as_variants([r for r in records if r.passed]), providers, hardware)
+    exact = hardware.exact_int8_dot
     if not order:
-        return _Ranking(order=[], chosen=None, by_speed=False, shape="")
+        return _Ranking(order=[], chosen=None, by_speed=False, shape="", exact_int8_dot=exact)
     first = order[0]
     return _Ranking(
         order=order,
         chosen=next(r for r in records if r.variant_id == first.id),
         by_speed=_ranked_by_speed([v for v in order if v.target == first.target], hardware),
         shape=next(iter(first.benchmark.shapes), ""),
+        exact_int8_dot=exact,
     )
 
 

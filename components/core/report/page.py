@@ -19,6 +19,7 @@ from ortpack.components.core.report.numbers import (
     load_line,
     load_verdict,
     measured_under,
+    shape_label,
 )
 from ortpack.components.core.report.plots import plot_agreement, plot_distance, plot_latency, plot_sizes
 from ortpack.components.core.report.tables import (
@@ -170,25 +171,75 @@ def parity_tables(records: Sequence[VariantRecord]) -> str:
 
 def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
     """Per int8 variant whose recipe was chosen among several, the table of every candidate
-    (components/core/int8_search.py): what each measured, its size and speed, which shipped."""
+    (components/core/int8_search.py): what each measured, its size and speed, which shipped; for
+    static int8 (images) also what it is made of (`_static_int8_facts`)."""
 
     parts = []
     for rec in records:
         record = rec.built.metrics.get("int8") or {}
         rows = table(record)
-        if len(rows) < 2:
+        facts = _static_int8_facts(rec, records)
+        if len(rows) < 2 and not facts:
             continue
         # the image tasks take the first recipe within the int8 gate, the recipes fastest first
         rule = str(record.get("rule") or "the first within the int8 gate, the recipes ordered fastest first")
         variant = html.escape(rec.variant_id)
         parts += [
             f"<h2 id='int8-search-{variant}'>int8 recipe search: {variant}</h2>",
+            *facts,
             f"<p>Every candidate was built and measured; the winner is {html.escape(rule)}. Latency: each "
             "candidate's fastest call in ms, one thread, the candidates interleaved. The validate step then "
             "gates the winner on the whole validation set.</p>",
-            _table(rows),
+            _table(rows) if len(rows) > 1 else "",
         ]
     return parts
+
+
+def _static_int8_facts(rec: VariantRecord, records: Sequence[VariantRecord]) -> list[str]:
+    """What a static int8 variant is made of (components/core/static_int8.py): weight width,
+    calibration, bias correction, the kernels ONNX Runtime runs, the layers kept in float with
+    their measured sensitivity, and its speed-up over the fp32 variant at each benchmark shape."""
+    record = rec.built.metrics.get("int8") or {}
+    if not record.get("weight_bits"):
+        return []
+    bits = int(record["weight_bits"])
+    width = (
+        "8-bit weights (exact where the CPU sums u8 x s8 without saturation: VNNI, AMX; a server on an "
+        "AVX2-only CPU serves another variant)"
+        if bits >= 8
+        else "7-bit weights (exact on every x86-64 CPU)"
+    )
+    kernels = record.get("kernels") or {}
+    int8_ops = ", ".join(f"{n} {op}" for op, n in (kernels.get("int8") or {}).items()) or "none"
+    float_ops = ", ".join(f"{n} {op}" for op, n in (kernels.get("float") or {}).items()) or "none"
+    dequantized = kernels.get("dequantized_float") or []
+    lines = [
+        f"{width}; activations uint8, {html.escape(str(record.get('calibration') or 'min/max'))}; "
+        f"biases {'corrected' if record.get('bias_correction') else 'not corrected'}.",
+        f"In the session ONNX Runtime builds: int8 kernels {html.escape(int8_ops)}; float compute "
+        f"{html.escape(float_ops)}; float compute fed by dequantized weights: {len(dequantized)}.",
+    ]
+    fp32 = next((r for r in records if r.built.target == rec.built.target and r.built.precision == "fp32"), None)
+    if fp32 is not None and fp32.benchmark and rec.benchmark:
+        speedups = [
+            f"{fp32_ms / rec_ms:.2f}× at {shape_label(shape)}"
+            for shape in rec.benchmark.shapes
+            if shape in fp32.benchmark.shapes
+            and (rec_ms := rec.benchmark.shapes[shape]["p50_ms"])
+            and (fp32_ms := fp32.benchmark.shapes[shape]["p50_ms"])
+        ]
+        if speedups:
+            lines.append("Speed-up over the fp32 variant (p50): " + ", ".join(speedups) + ".")
+    floats = record.get("float_layers") or {}
+    if floats:
+        kept = ", ".join(f"{html.escape(name)} ({value:.3g})" for name, value in floats.items())
+        lines.append(
+            f"Kept in float ({len(floats)}, the most sensitive first; the quantization noise each added, "
+            f"noise-to-signal at its output less at its input): {kept}."
+        )
+    else:
+        lines.append("Every quantizable layer runs in int8.")
+    return [f"<p>{line}</p>" for line in lines]
 
 
 def _built_rows(records: Sequence[VariantRecord]) -> list[list[Any]]:

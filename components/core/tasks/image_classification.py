@@ -22,9 +22,9 @@ import numpy as np
 
 from ortpack.components.core.artifacts import load_arrays
 from ortpack.components.core.exporters.image_models import parse_image_source
-from ortpack.components.core.graph_recipes import quantize_int8_static, search_static_int8
-from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
+from ortpack.components.core.recipes import STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
@@ -228,16 +228,13 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 
 
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
-    """The first of the static int8 recipes (components/core/recipes.py, fastest first) that
-    passes the default int8 gate on the validation images; when none does, the one with the best
-    top-1 agreement (its validate step then reports the miss). Returns the recipe chosen and every
-    candidate's numbers. A pinned `recipe` is built alone, untried (the validate step gates it)."""
-    if recipe:
-        quantize_int8_static(src, dst, calibration_images(export_dir), recipe)
-        return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
+    """Static int8 on ONNX Runtime's int8 kernels, judged by the default int8 gate on the
+    validation images, with the most sensitive layers returned to float until it passes
+    (components/core/static_int8.py); a pinned `recipe` is built alone (the validate step gates it).
+    Returns the recipe, every candidate's numbers and the layers kept in float."""
     images = calibration_images(export_dir)
     thresholds = THRESHOLDS["int8"].as_dict()
-    ref = load_arrays(export_dir / export.reference_file)  # read once, not per recipe
+    ref = load_arrays(export_dir / export.reference_file)  # read once, not per candidate
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
         values = compare(_session(candidate, DISABLED_OPTIMIZERS), ref, export_dir).values
@@ -246,9 +243,8 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         }
         return quality, gate(values, thresholds, GATES)
 
-    found = search_static_int8(src, dst, images, judge, lambda q: q["top1_agreement"])
-    result: dict[str, Any] = {"recipe": found["recipe"], "candidates": found["candidates"]}
-    if not found["passed"] and not (Path(export_dir) / CALIBRATION_FILE).is_file():
+    result = family_int8(src, dst, images, recipe, judge, lambda q: (q["top1_agreement"], -q["max_abs_diff"]))
+    if not result.pop("passed", True) and not (Path(export_dir) / CALIBRATION_FILE).is_file():
         result["hint"] = CALIBRATION_HINT
     return result
 

@@ -21,10 +21,10 @@ from ortpack.components.core.artifacts import load_arrays
 from ortpack.components.core.exporters.hf_vision import hf_vision_type
 from ortpack.components.core.exporters.image_models import parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
-from ortpack.components.core.graph_recipes import quantize_int8_static, search_static_int8
 from ortpack.components.core.int8_search import session
-from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
+from ortpack.components.core.recipes import STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.tasks.image_classification import calibration_images, raw_images
 from ortpack.components.core.validation_data import (
@@ -146,13 +146,11 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 
 
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
-    """Static int8 of the convolutions (components/core/recipes.py, fastest first), calibrated on
-    the user's calibration photos (else generated images); the first recipe within the int8 gate
-    is kept, else the one with the best retrieval. A pinned `recipe` is built alone."""
+    """Static int8 of the convolutions on ONNX Runtime's int8 kernels, calibrated on the user's
+    calibration photos (else generated images), judged by the int8 gate, the most sensitive layers
+    returned to float until it passes (components/core/static_int8.py; else the best retrieval is
+    kept). A pinned `recipe` is built alone."""
     images = calibration_images(export_dir)
-    if recipe:
-        quantize_int8_static(src, dst, images, recipe)
-        return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
     ref = load_arrays(export_dir / export.reference_file)
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
@@ -160,8 +158,9 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         quality = {k: values[k] for k in ("min_cosine", "mean_cosine", "retrieval_recall_ratio")}
         return quality, gate(values, THRESHOLDS["int8"].as_dict(), GATES)
 
-    found = search_static_int8(src, dst, images, judge, lambda q: (q["retrieval_recall_ratio"], q["mean_cosine"]))
-    return {"recipe": found["recipe"], "candidates": found["candidates"]}
+    result = family_int8(src, dst, images, recipe, judge, lambda q: (q["retrieval_recall_ratio"], q["mean_cosine"]))
+    result.pop("passed", None)
+    return result
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ortpack.components.core.artifacts import load_arrays
-from ortpack.components.core.graph_recipes import quantize_int8_static, search_static_int8
 from ortpack.components.core.int8_search import session
-from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES
+from ortpack.components.core.recipes import STATIC_INT8_RECIPES
 from ortpack.components.core.specs import ParityThresholds
+from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.validation_data import CALIBRATION_FILE, ImageSpec, render_image, unpack_files
 from ortpack.kernel.contracts.object_detection import BATCH_INDEX, BOXES, CONTRACT, LABELS, SCORES
@@ -181,14 +181,12 @@ def calibration_images(export_dir: Path) -> list[np.ndarray]:
 
 
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
-    """Static int8 (QDQ) of the convolutions (the letterbox, box decoding and NMS blocks, `pre/` and
-    `post/`, stay fp32; so does what torchvision computes outside convolutions), calibrated on photos; the recipes
-    of components/core/recipes.py tried fastest first, the first within the int8 gate chosen (else
-    the best matched F1). A pinned `recipe` is built alone."""
+    """Static int8 of the convolutions on ONNX Runtime's int8 kernels (the letterbox, box decoding
+    and NMS blocks, `pre/` and `post/`, stay fp32; so does what torchvision computes outside
+    convolutions), calibrated on photos, judged by the int8 matching gate, the most sensitive
+    layers returned to float until it passes (components/core/static_int8.py; else the best
+    matched F1 is kept). A pinned `recipe` is built alone."""
     images = calibration_images(export_dir)
-    if recipe:
-        quantize_int8_static(src, dst, images, recipe)
-        return {"recipe": recipe, "rule": PINNED_RULE, "candidates": {}}
     ref = load_arrays(export_dir / export.reference_file)
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
@@ -196,8 +194,9 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         quality = {k: values[k] for k in ("decisive_recall", "decisive_precision", "matched_f1", "min_matched_iou")}
         return quality, gate(values, THRESHOLDS["int8"].as_dict(), GATES)
 
-    found = search_static_int8(src, dst, images, judge, lambda q: q["matched_f1"])
-    return {"recipe": found["recipe"], "candidates": found["candidates"]}
+    result = family_int8(src, dst, images, recipe, judge, lambda q: q["matched_f1"])
+    result.pop("passed", None)
+    return result
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
