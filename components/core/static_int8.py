@@ -54,7 +54,8 @@ FP32_PREFIXES = ("pre/", "post/")
 QUANTIZED_OPS = ("Conv", "Clip", "Relu")
 # Images the sensitivity ranking runs (the slow part is the simulated int8 graph at full size)
 SENSITIVITY_IMAGES = 16
-# Layers returned to float at most: a quarter of the quantized ones (beyond that int8 saves little)
+# Layers returned to float at most: a quarter of the quantized ones (beyond that int8 saves little),
+# and at least two
 MAX_FLOAT_SHARE = 0.25
 RULE = "the first candidate within the int8 gate, in order of fewest layers kept in float"
 # ONNX Runtime's integer operators (what a quantized graph should run) and the float ones that
@@ -370,7 +371,7 @@ def search(
     1. every convolution int8 with the recipe for this CPU's weight width (`weight_bits`, default
        `weight_bits_here()`), biases corrected; then uncorrected;
     2. when both miss: the better of the two (by `rank` of their quality) with the 1, 2, 4, 8...
-       most sensitive layers (`sensitivity`) in float, up to a quarter of them.
+       most sensitive layers (`sensitivity`) in float, up to a quarter of them (at least two).
 
     The first without a miss is copied to `dst`; when none passes, the best by `rank` (the
     validate step reports its miss). Returns what the optimize step records as `metrics["int8"]`:
@@ -413,7 +414,7 @@ def search(
         worst = sorted(ranking, key=lambda layer: -ranking[layer])
         total = len(quantizable_convolutions(onnx.load(str(prepared), load_external_data=False).graph))
         count = 1
-        while count <= max(1, int(total * MAX_FLOAT_SHARE)) and chosen is None:
+        while count <= max(2, int(total * MAX_FLOAT_SHARE)) and chosen is None:
             name = f"{base.name}+{count}fp32"
             if attempt(name, base, {layer: ranking[layer] for layer in worst[:count]}):
                 chosen = name
