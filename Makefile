@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect bench-embed serve images test-images report-shots
+.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-vision serve images test-images report-shots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,10 @@ bench-image: $(STAMP)
 bench-detect: $(TRAINED)
 	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
 	$(PY) bench/detect_serve.py
+
+# fp32 and int8 of the vision models that install here, with PyTorch eager, in one run (bench/vision_int8.py).
+bench-vision: $(TRAINED)
+	$(PY) bench/vision_int8.py
 
 # The image-embedding serving benchmark (builds dist/efficientnet-lite0-embedding if missing).
 bench-embed: $(TRAINED)

@@ -28,7 +28,9 @@ from ortpack.components.core.benchmark import bench_feeds
 from ortpack.components.core.errors import UnsupportedHereError
 from ortpack.components.core.graph_recipes import to_fp16
 from ortpack.components.core.specs import VariantSpec, get_target
+from ortpack.components.core.static_int8 import kernel_census
 from ortpack.components.core.tasks import check_int8_recipe, get_family
+from ortpack.components.core.timing import measure_interleaved, timed
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
 log = logging.getLogger("ortpack.optimize")
@@ -77,8 +79,6 @@ def choose_online_level(model_path: Path, export: ExportResult, providers: list[
     both alike) at every benchmark shape, each by its fastest call, and "disabled" is kept only
     when it is faster at every shape by 5 % or more."""
     import onnxruntime as ort
-
-    from ortpack.components.core.timing import measure_interleaved, timed
 
     sessions = {}
     for level, ort_level in (("disabled", "ORT_DISABLE_ALL"), ("all", "ORT_ENABLE_ALL")):
@@ -159,8 +159,6 @@ def optimize_model(
     if target.offline_optimization_level != "disabled":
         online = choose_online_level(final, export, list(target.execution_providers))
     if int8 is not None and "CPUExecutionProvider" in target.execution_providers:
-        from ortpack.components.core.static_int8 import kernel_census
-
         # what ONNX Runtime runs as the server loads this graph: int8 kernels, and no float
         # convolution or matmul fed by dequantized weights (quantize/dequantize paid for nothing)
         level = online if target.offline_optimization_level != "disabled" else "all"

@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from ortpack.components.core.recipes import STATIC_INT8_RECIPES, StaticInt8
+from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES, StaticInt8
+from ortpack.kernel.hardware import this_machine
+from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
 log = logging.getLogger("ortpack.optimize")
 
@@ -82,8 +84,6 @@ FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGem
 
 def weight_bits_here() -> int:
     """8 where this CPU sums u8 x s8 products exactly (VNNI, AMX), else 7 (kernel/hardware.py)."""
-    from ortpack.kernel.hardware import this_machine
-
     return 8 if this_machine().exact_int8_dot else 7
 
 
@@ -367,8 +367,6 @@ def kernel_census(path: Path, *, level: str = "disabled") -> dict[str, Any]:
     import onnx
     import onnxruntime as ort
 
-    from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
-
     with tempfile.TemporaryDirectory(prefix="ortpack-census-") as tmp:
         seen = Path(tmp) / "session.onnx"
         options = ort.SessionOptions()
@@ -516,8 +514,6 @@ def family_int8(
 ) -> dict[str, Any]:
     """An image family's int8 step: the `pinned` recipe built alone, else `search`. Returns the
     optimize step's `metrics["int8"]` (and `passed`: whether a searched candidate met the gate)."""
-    from ortpack.components.core.recipes import PINNED_RULE
-
     if pinned:
         return {"recipe": pinned, "rule": PINNED_RULE, "candidates": {}, **build(src, dst, images, pinned)}
     return search(src, dst, images, judge, rank)

@@ -139,3 +139,44 @@ def test_no_variant_passed_says_nothing_ships() -> None:
     words = _text(verdict_box(export, records))
     assert words.startswith("No variant passed its gate: nothing ships")
     assert "cpu-fp32 missed its gate on" in words and "cpu-int8 missed its gate on" in words
+
+
+def test_a_static_int8_variant_says_what_it_is_made_of_and_where_it_cannot_serve() -> None:
+    """An image int8 record (components/core/static_int8.py): the report names its weight width,
+    calibration, bias correction, the kernels ONNX Runtime runs, the layers kept in float with their
+    cost and the speed-up over fp32; 8-bit weights are not served where int8 kernels saturate."""
+    from dataclasses import replace
+
+    from ortpack.components.core.report.page import int8_search_sections
+
+    export, records = recorded_build()
+    static = {
+        "recipe": "s8",
+        "candidate": "s8+1fp32",
+        "rule": "the first candidate within the int8 gate, in order of fewest layers kept in float",
+        "candidates": {
+            "s8": {"quality": {"top1_agreement": 0.8}, "passed": False, "misses": ["top1 0.8"], "float_layers": 0},
+            "s8+1fp32": {"quality": {"top1_agreement": 0.9}, "passed": True, "misses": [], "float_layers": 1},
+        },
+        "weight_bits": 8,
+        "bias_correction": True,
+        "calibration": "min/max over 32 images",
+        "float_layers": {"net/stem/Conv": 0.0081},
+        "kernels": {"int8": {"QLinearConv": 52}, "float": {"Conv": 1}, "dequantized_float": []},
+    }
+    records = [
+        replace(r, built=replace(r.built, metrics={**r.built.metrics, "int8": static}))
+        if r.built.precision == "int8"
+        else r
+        for r in records
+    ]
+    words = _text(" ".join(int8_search_sections(records)))
+    assert "8-bit weights (exact where the CPU sums u8 x s8 without saturation: VNNI, AMX" in words
+    assert "activations uint8, min/max over 32 images; biases corrected" in words
+    assert "int8 kernels 52 QLinearConv; float compute 1 Conv; float compute fed by dequantized weights: 0" in words
+    assert "Kept in float (1, the most sensitive first" in words and "net/stem/Conv (0.0081)" in words
+    assert re.search(r"Speed-up over the fp32 variant \(p50\): [0-9.]+× at batch 1 × 16 tokens", words)
+    # the shipped candidate, its float layers, its number
+    assert "s8 0 0.8000 top1 0.8 s8+1fp32 1 0.9000 shipped" in words
+    avx2 = _text(verdict_box(export, records))
+    assert "cpu-int8 not on this CPU: its 8-bit int8 weights were proven where u8 x s8 products sum exactly" in avx2

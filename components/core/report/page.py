@@ -184,13 +184,18 @@ def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
         # the image tasks take the first recipe within the int8 gate, the recipes fastest first
         rule = str(record.get("rule") or "the first within the int8 gate, the recipes ordered fastest first")
         variant = html.escape(rec.variant_id)
+        how = (
+            f"<p>Candidates, each judged by the task's int8 gate on the validation images; the one shipped is "
+            f"{html.escape(rule)}. The validate step then gates it again.</p>"
+            if facts
+            else f"<p>Every candidate was built and measured; the winner is {html.escape(rule)}. Latency: each "
+            "candidate's fastest call in ms, one thread, the candidates interleaved. The validate step then "
+            "gates the winner on the whole validation set.</p>"
+        )
         parts += [
             f"<h2 id='int8-search-{variant}'>int8 recipe search: {variant}</h2>",
             *facts,
-            f"<p>Every candidate was built and measured; the winner is {html.escape(rule)}. Latency: each "
-            "candidate's fastest call in ms, one thread, the candidates interleaved. The validate step then "
-            "gates the winner on the whole validation set.</p>",
-            _table(rows) if len(rows) > 1 else "",
+            *([how, _table(rows)] if len(rows) > 1 else []),
         ]
     return parts
 
