@@ -52,14 +52,19 @@ log = logging.getLogger("ortpack.optimize")
 # prefixed "pre/") and the post-processing an exporter builds after the network ("post/": box
 # decoding and NMS); graph_recipes.FP32_NODE_PREFIXES adds the text pooling block.
 FP32_PREFIXES = ("pre/", "post/")
-# The operators quantized: convolutions, and the activations folded into their output range
+# The operators quantized: convolutions, and the activations folded into their output range; a
+# "wide" recipe also the operators between convolutions that ONNX Runtime has int8 kernels for
 QUANTIZED_OPS = ("Conv", "Clip", "Relu")
+WIDE_OPS = ("Add", "Concat", "MaxPool", "Resize", "GlobalAveragePool", "Mul", "Sigmoid")
 # Images the sensitivity ranking runs, once per quantized layer (the int8 graph simulated in float)
 SENSITIVITY_IMAGES = 8
 # Layers returned to float at most: a quarter of the quantized ones (beyond that int8 saves little),
 # and at least two
 MAX_FLOAT_SHARE = 0.25
-RULE = "the first candidate within the int8 gate, in order of fewest layers kept in float"
+RULE = (
+    "the first candidate within the int8 gate, fastest first: the operators between convolutions in "
+    "int8 too, then the convolutions alone, then the fewest layers in float"
+)
 # ONNX Runtime's integer operators (what a quantized graph should run) and the float ones that
 # should not be fed by a DequantizeLinear of a constant weight
 INT8_KERNELS = (
@@ -113,9 +118,16 @@ def quantizable_convolutions(graph: Any) -> list[str]:
 
 
 def fp32_nodes(graph: Any) -> list[str]:
-    """Nodes that stay fp32: pre/post-processing blocks and whatever produces a graph output."""
+    """Nodes that stay fp32: pre/post-processing blocks, whatever produces a graph output, and the
+    network's own outputs where the post-processing reads them (a detector's boxes and class scores
+    concatenated: one int8 scale for pixel coordinates and logits left no detection standing)."""
     outputs = {o.name for o in graph.output}
-    return [n.name for n in graph.node if n.name.startswith(FP32_PREFIXES) or set(n.output) & outputs]
+    read_by_post = {name for n in graph.node if n.name.startswith("post/") for name in n.input}
+    return [
+        n.name
+        for n in graph.node
+        if n.name.startswith(FP32_PREFIXES) or set(n.output) & outputs or set(n.output) & read_by_post
+    ]
 
 
 def quantize(
@@ -159,7 +171,7 @@ def quantize(
         weight_type=QuantType.QInt8,
         calibrate_method=CalibrationMethod.MinMax,
         reduce_range=recipe.weight_bits <= 7,
-        op_types_to_quantize=list(QUANTIZED_OPS),
+        op_types_to_quantize=[*QUANTIZED_OPS, *(WIDE_OPS if recipe.activations else ())],
         nodes_to_exclude=fp32_nodes(graph) + list(float_layers),
         calibration_cache_path=str(cache) if cache else None,
     )
@@ -413,11 +425,12 @@ def search(
     weight_bits: int | None = None,
 ) -> dict[str, Any]:
     """The image families' int8: `src` prepared and calibrated once, then candidates judged by
-    `judge(candidate) -> (quality, gate misses)` in order of fewest float layers:
+    `judge(candidate) -> (quality, gate misses)`, fastest first:
 
-    1. every convolution int8 with the recipe for this CPU's weight width (`weight_bits`, default
-       `weight_bits_here()`), biases corrected; then uncorrected;
-    2. when both miss: the better of the two (by `rank` of their quality) with the 1, 2, 4, 8...
+    1. every convolution int8 with this CPU's weight width (`weight_bits`, default
+       `weight_bits_here()`) and the operators between them too ("wide"), biases corrected, then
+       not; then the convolutions alone, corrected, then not;
+    2. when all four miss: the best of them (by `rank` of their quality) with the 1, 2, 4, 8...
        most sensitive layers (`sensitivity`) in float, up to a quarter of them (at least two).
 
     The first without a miss is copied to `dst`; when none passes, the best by `rank` (the
@@ -448,14 +461,14 @@ def search(
         log.info("int8 candidate %s: %s", name, "; ".join(misses) if misses else "within the gate")
         return not misses
 
-    corrected, uncorrected = StaticInt8(bits, True), StaticInt8(bits, False)
-    chosen = next((r.name for r in (corrected, uncorrected) if attempt(r.name, r, {})), None)
-    base = corrected
+    whole = [StaticInt8(bits, correct, wide) for wide in (True, False) for correct in (True, False)]
+    chosen = next((r.name for r in whole if attempt(r.name, r, {})), None)
+    base = whole[0]
     ranking: dict[str, float] = {}
     if chosen is None:
         import onnx
 
-        base = max((corrected, uncorrected), key=lambda r: rank(tried[r.name]["quality"]))
+        base = max(whole, key=lambda r: rank(tried[r.name]["quality"]))
 
         ranking = sensitivity(prepared, paths[base.name], images[:SENSITIVITY_IMAGES])
         worst = sorted(ranking, key=lambda layer: -ranking[layer])
@@ -471,7 +484,7 @@ def search(
         chosen = max(tried, key=lambda n: rank(tried[n]["quality"]))
         log.warning("int8: no candidate is within the gate; keeping %s (the validate step reports it)", chosen)
     shutil.copyfile(paths[chosen], dst)
-    recipe = corrected if chosen == corrected.name else uncorrected if chosen == uncorrected.name else base
+    recipe = next((r for r in whole if r.name == chosen), base)
     for path in [*paths.values(), prepared, cache]:
         path.unlink(missing_ok=True)
     return {

@@ -118,7 +118,12 @@ def test_weight_width_and_exactness(graph: Path, images: list[np.ndarray], tmp_p
         largest[bits] = max(int(np.abs(w.astype(np.int64)).max()) for w in weights)
     assert largest[7] <= 64 < largest[8] <= 127
     assert STATIC_INT8_RECIPES["s7"].exact_everywhere and not STATIC_INT8_RECIPES["s8"].exact_everywhere
-    assert set(STATIC_INT8_RECIPES) == {"s8", "s7", "s8-uncorrected", "s7-uncorrected"}
+    assert set(STATIC_INT8_RECIPES) == {
+        f"s{bits}{wide}{uncorrected}"
+        for bits in (8, 7)
+        for wide in ("", "-wide")
+        for uncorrected in ("", "-uncorrected")
+    }
 
 
 def test_bias_correction_moves_the_mean_back(graph: Path, images: list[np.ndarray], tmp_path: Path) -> None:
@@ -143,8 +148,8 @@ def test_search_returns_the_most_sensitive_layers_to_float_until_the_judge_passe
     graph: Path, images: list[np.ndarray], tmp_path: Path
 ) -> None:
     """A judge that passes only once two layers run in float (it counts them in the session ONNX
-    Runtime builds): the search tries the full int8 graph (corrected, then not), ranks the layers
-    by the noise each adds, and ships the first candidate with enough of the worst in float."""
+    Runtime builds): the search tries the whole int8 graph in its four forms, ranks the layers by
+    what each costs the outputs, and ships the first candidate with enough of the worst in float."""
     from ortpack.components.core.static_int8 import kernel_census, search
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
@@ -155,10 +160,17 @@ def test_search_returns_the_most_sensitive_layers_to_float_until_the_judge_passe
 
     dst = tmp_path / "int8.onnx"
     record = search(graph, dst, images, judge, lambda q: q["float"], weight_bits=7)
-    assert record["passed"] and record["candidate"] == "s7+2fp32" and record["recipe"] in ("s7", "s7-uncorrected")
-    assert list(record["candidates"]) == ["s7", "s7-uncorrected", "s7+1fp32", "s7+2fp32"] or list(
-        record["candidates"]
-    ) == ["s7", "s7-uncorrected", "s7-uncorrected+1fp32", "s7-uncorrected+2fp32"]
+    # the four whole-graph candidates first (the operators between convolutions in int8 too, then
+    # not; corrected, then not), then the first of them (they tie on the rank) with layers in float
+    assert record["passed"] and record["candidate"] == "s7-wide+2fp32" and record["recipe"] == "s7-wide"
+    assert list(record["candidates"]) == [
+        "s7-wide",
+        "s7-wide-uncorrected",
+        "s7",
+        "s7-uncorrected",
+        "s7-wide+1fp32",
+        "s7-wide+2fp32",
+    ]
     # the two kept in float are the two the ranking calls worst, with their measured noise
     ranking = record["sensitivity"]
     assert list(record["float_layers"]) == list(ranking)[:2] and len(ranking) == 5
