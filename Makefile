@@ -10,7 +10,7 @@ EXTRAS := export,serve,image,kfp,dev
 
 .PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-vision serve images test-images report-shots
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"

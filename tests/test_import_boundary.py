@@ -262,3 +262,39 @@ def test_pip_install_leaves_one_top_level_package(tmp_path: Any) -> None:
     floors = {n.split("/")[1] for n in names if n.count("/") >= 2}
     assert set(FLOORS) <= floors
     assert "ortpack/components/core/data/validation_sentences.jsonl" in names
+
+
+def test_every_module_has_one_import_name() -> None:
+    """A floor imported under its folder's name (`import kernel`, with the repository root on
+    sys.path, as pytest and the editable install put it) is refused with the name to use: one file,
+    one module object. Nothing in this process was loaded under a second name."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for floor in FLOORS:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {floor}"], cwd=root, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 1, done.stderr
+        refusal = f"ImportError: import ortpack.{floor}, not {floor}: {floor}/ is the package ortpack.{floor}"
+        assert refusal in done.stderr
+    assert [m for m in sys.modules if m.split(".")[0] in FLOORS] == []
+
+
+def test_a_build_without_the_links_fails_and_says_why(tmp_path: Any) -> None:
+    """A checkout without symbolic links (ortpack/kernel a text file, as Windows checks links out)
+    does not build a wheel that silently lacks the kernel."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tree = tmp_path / "checkout"
+    (tree / "ortpack").mkdir(parents=True)
+    for name in ("pyproject.toml", "setup.py", "README.md", "ortpack/__init__.py"):
+        shutil.copy(root / name, tree / name)
+    shutil.copytree(root / "kernel", tree / "kernel", ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "ortpack" / "kernel").write_text("../kernel")  # what git writes for a link without symlinks
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w")]
+    done = subprocess.run([*build, str(tree)], capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and not list((tmp_path / "w").glob("*.whl"))
+    assert "ortpack/kernel must be a symbolic link to kernel/" in done.stdout + done.stderr
