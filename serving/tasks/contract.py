@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ortpack.kernel.bundle import Manifest, Variant
@@ -27,6 +27,19 @@ class LoadContext:
     variant: Variant
     engine: Engine
     config: ServeConfig
+
+
+EngineKind = TypeVar("EngineKind")
+
+
+def engine_as(ctx: LoadContext, kind: type[EngineKind]) -> EngineKind:
+    """The loaded engine as the kind a plugin is written for (an image task's `ImageEngine`, whose
+    decoder its routes use; a text task's `TokenEngine`, whose encoder they use): the seam between
+    a plugin and its engine is typed, and a bundle whose engine is another kind is refused here."""
+    engine = ctx.engine
+    if not isinstance(engine, kind):
+        raise TypeError(f"{ctx.manifest.task} serving needs a {kind.__name__}, not a {type(engine).__name__}")
+    return engine
 
 
 class TaskRuntime(Protocol):

@@ -21,11 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ortpack.kernel.contracts.image_classification import IMAGES, OUTPUT, ImageClassificationSettings
+from ortpack.kernel.engines.images import ImageEngine
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from ortpack.serving.errors import InvalidRequestError
 from ortpack.serving.http import RouteSpec, json_response, service_of
 from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
-from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
 
 # ---------------------------------------------------------------- request and answer
 
@@ -89,7 +90,7 @@ class ImageClassificationRuntime:
         if not isinstance(settings, ImageClassificationSettings):
             raise ValueError(f"not an image-classification bundle: {manifest.task}")
         self.images = ImageInputs(
-            ctx.engine.decoder,  # type: ignore[attr-defined]  # an ImageEngine's
+            engine_as(ctx, ImageEngine).decoder,
             workers=config.worker_count,
             max_items=config.max_items,
             max_image_pixels=config.max_image_pixels,
@@ -117,7 +118,7 @@ class ImageClassificationRuntime:
             RouteSpec(
                 path="/v1/classify",
                 method="POST",
-                handler=classify,
+                handler=self.classify_bytes,
                 summary="Classify one image sent as its bytes (Content-Type image/jpeg, image/png or image/webp)",
                 operation_id="classifyImage",
                 request_media=MEDIA,
@@ -128,7 +129,7 @@ class ImageClassificationRuntime:
             RouteSpec(
                 path="/v1/classify/json",
                 method="POST",
-                handler=classify_json,
+                handler=self.classify_json,
                 summary="Classify images sent as base64 in JSON",
                 operation_id="classifyImagesJson",
                 request_schema="ClassifyJsonRequest",
@@ -148,35 +149,27 @@ class ImageClassificationRuntime:
         items = await service_of(request).infer(pixels, image_buckets(pixels))
         return [top_k(item[OUTPUT], self.labels, k) for item in items]
 
+    async def classify_bytes(self, request: Request) -> Response:
+        """The image itself as the body."""
+        k = self.requested_top_k(request.query_params.get("top_k"))
+        pixels = await self.images.from_body(request, "/v1/classify/json")
+        (predictions,) = await self.classify(request, [pixels], k)
+        return json_response({"model": service_of(request).model_name, "predictions": predictions})
 
-def _runtime(request: Request) -> ImageClassificationRuntime:
-    runtime: ImageClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
-    return runtime
-
-
-async def classify(request: Request) -> Response:
-    """The image itself as the body."""
-    runtime = _runtime(request)
-    k = runtime.requested_top_k(request.query_params.get("top_k"))
-    pixels = await runtime.images.from_body(request, "/v1/classify/json")
-    (predictions,) = await runtime.classify(request, [pixels], k)
-    return json_response({"model": service_of(request).model_name, "predictions": predictions})
-
-
-async def classify_json(request: Request) -> Response:
-    """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
-    runtime = _runtime(request)
-    body = await read_body_as(request, ClassifyJsonRequest)
-    k = runtime.requested_top_k(body.top_k)
-    single = body.image is not None
-    items = [body.image] if body.image is not None else body.images or []
-    where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
-    pixels = await runtime.images.from_base64(items, where)
-    results = await runtime.classify(request, pixels, k)
-    model = service_of(request).model_name
-    if single:
-        return json_response({"model": model, "predictions": results[0]})
-    return json_response({"model": model, "data": [{"index": i, "predictions": p} for i, p in enumerate(results)]})
+    async def classify_json(self, request: Request) -> Response:
+        """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
+        body = await read_body_as(request, ClassifyJsonRequest)
+        k = self.requested_top_k(body.top_k)
+        single = body.image is not None
+        items = [body.image] if body.image is not None else body.images or []
+        where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
+        pixels = await self.images.from_base64(items, where)
+        results = await self.classify(request, pixels, k)
+        model = service_of(request).model_name
+        if single:
+            return json_response({"model": model, "predictions": results[0]})
+        data = [{"index": i, "predictions": p} for i, p in enumerate(results)]
+        return json_response({"model": model, "data": data})
 
 
 TASK = ServingTask(name="image-classification", open=ImageClassificationRuntime)

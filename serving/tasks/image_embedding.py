@@ -10,69 +10,34 @@ none): its fields are 0, as OpenAI's schema requires them.
 
 from __future__ import annotations
 
-import base64
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ortpack.kernel.contracts.image_embedding import OUTPUT, ImageEmbeddingSettings
 from ortpack.kernel.contracts.images import IMAGES
+from ortpack.kernel.engines.images import ImageEngine
 from ortpack.serving.bodies import component_schemas, read_body_as, worded
+from ortpack.serving.embeddings import EmbeddingsOptions, EmbeddingsResponse, embeddings_answer
 from ortpack.serving.errors import InvalidRequestError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
 from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
-from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
 
 Image = Annotated[str, Field(description="an image as base64 or a data: URL (JPEG, PNG or WebP)")]
 
 
-class ImageEmbeddingsRequest(BaseModel):
+class ImageEmbeddingsRequest(EmbeddingsOptions):
     """OpenAI's embeddings request with images as `input`. `dimensions`, when sent, must be the
     model's own; `user` is accepted and ignored."""
-
-    model_config = ConfigDict(strict=True)
 
     input: Annotated[
         Image | Annotated[list[Image], Field(min_length=1)],
         worded("must be an image (base64 or a data: URL) or a non-empty list of them"),
     ]
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] | None = "float"
-    dimensions: int | None = None
-    user: str | None = None
-
-    @field_validator("dimensions", mode="wrap")
-    @classmethod
-    def _the_models_own(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
-        want = (info.context or {}).get("dimensions")
-        try:
-            fits = handler(value) in (None, want)
-        except ValidationError:
-            fits = False
-        if not fits:
-            raise InvalidRequestError(f"dimensions must be {want} for this model (got {value!r})")
-        return value
-
-
-class ImageEmbedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | Annotated[str, Field(description="base64 little-endian float32")]
-
-
-class ImageEmbeddingsUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class ImageEmbeddingsResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ImageEmbedding]
-    model: str
-    usage: ImageEmbeddingsUsage
 
 
 class ImageEmbeddingRuntime:
@@ -82,7 +47,7 @@ class ImageEmbeddingRuntime:
             raise ValueError(f"not an image-embedding bundle: {ctx.manifest.task}")
         config = ctx.config
         self.images = ImageInputs(
-            ctx.engine.decoder,  # type: ignore[attr-defined]  # an ImageEngine's
+            engine_as(ctx, ImageEngine).decoder,
             workers=config.worker_count,
             max_items=config.max_items,
             max_image_pixels=config.max_image_pixels,
@@ -98,22 +63,22 @@ class ImageEmbeddingRuntime:
             RouteSpec(
                 path="/v1/embeddings",
                 method="POST",
-                handler=embeddings,
+                handler=self.embeddings,
                 summary="Embed images sent as base64 or data: URLs (OpenAI-compatible)",
                 operation_id="createImageEmbeddings",
                 request_schema="ImageEmbeddingsRequest",
                 request_example={"input": [EXAMPLE_PNG]},
-                response_schema="ImageEmbeddingsResponse",
+                response_schema="EmbeddingsResponse",
                 errors=(400, 404, 413, 415, 429, 503, 504),
             ),
             RouteSpec(
                 path="/v1/embeddings/image",
                 method="POST",
-                handler=embed_image,
+                handler=self.embed_image,
                 summary="Embed one image sent as its bytes (Content-Type image/jpeg, png or webp)",
                 operation_id="createImageEmbedding",
                 request_media=MEDIA,
-                response_schema="ImageEmbeddingsResponse",
+                response_schema="EmbeddingsResponse",
                 errors=(400, 413, 415, 429, 503, 504),
                 parameters=(
                     {
@@ -127,51 +92,33 @@ class ImageEmbeddingRuntime:
         ]
 
     def schemas(self) -> dict[str, Any]:
-        return component_schemas([ImageEmbeddingsRequest], [ImageEmbeddingsResponse])
+        return component_schemas([ImageEmbeddingsRequest], [EmbeddingsResponse])
 
     def describe(self) -> str:
         return "image embeddings: OpenAI /v1/embeddings with images and the Open Inference Protocol v2"
 
+    async def embeddings(self, request: Request) -> Response:
+        body = await read_body_as(request, ImageEmbeddingsRequest, {"dimensions": self.output_dim})
+        if body.model is not None:
+            check_model(request, body.model, None)
+        single = isinstance(body.input, str)
+        items = [body.input] if isinstance(body.input, str) else body.input
+        where = ["input"] if single else [f"input[{i}]" for i in range(len(items))]
+        pixels = await self.images.from_base64(items, where)
+        return await self.answer(request, pixels, body.encoding_format)
 
-async def _answer(request: Request, pixels: list[np.ndarray], encoding: str | None) -> Response:
-    service = service_of(request)
-    items = await service.infer(pixels, image_buckets(pixels))
-    rows = [item[OUTPUT] for item in items]
-    if encoding == "base64":
-        data: list[dict[str, Any]] = [
-            {"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()}
-            for i, row in enumerate(rows)
-        ]
-    else:
-        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
-    answer = {
-        "object": "list",
-        "data": data,
-        "model": service.model_name,
-        "usage": {"prompt_tokens": 0, "total_tokens": 0},
-    }
-    return json_response(answer, headers=space_headers(request))
+    async def embed_image(self, request: Request) -> Response:
+        encoding = request.query_params.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise InvalidRequestError(f"encoding_format must be float or base64, got {encoding!r}")
+        pixels = await self.images.from_body(request, "/v1/embeddings")
+        return await self.answer(request, [pixels], encoding)
 
-
-async def embeddings(request: Request) -> Response:
-    runtime: ImageEmbeddingRuntime = service_of(request).runtime  # type: ignore[assignment]
-    body = await read_body_as(request, ImageEmbeddingsRequest, {"dimensions": runtime.output_dim})
-    if body.model is not None:
-        check_model(request, body.model, None)
-    single = isinstance(body.input, str)
-    items = [body.input] if isinstance(body.input, str) else body.input
-    where = ["input"] if single else [f"input[{i}]" for i in range(len(items))]
-    pixels = await runtime.images.from_base64(items, where)
-    return await _answer(request, pixels, body.encoding_format)
-
-
-async def embed_image(request: Request) -> Response:
-    runtime: ImageEmbeddingRuntime = service_of(request).runtime  # type: ignore[assignment]
-    encoding = request.query_params.get("encoding_format", "float")
-    if encoding not in ("float", "base64"):
-        raise InvalidRequestError(f"encoding_format must be float or base64, got {encoding!r}")
-    pixels = await runtime.images.from_body(request, "/v1/embeddings")
-    return await _answer(request, [pixels], encoding)
+    async def answer(self, request: Request, pixels: list[np.ndarray], encoding: str | None) -> Response:
+        service = service_of(request)
+        items = await service.infer(pixels, image_buckets(pixels))
+        answer = embeddings_answer([item[OUTPUT] for item in items], encoding, service.model_name, 0)
+        return json_response(answer, headers=space_headers(request))
 
 
 TASK = ServingTask(name="image-embedding", open=ImageEmbeddingRuntime)

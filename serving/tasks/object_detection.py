@@ -26,11 +26,12 @@ from starlette.responses import Response
 from ortpack.kernel.contracts.images import IMAGES
 from ortpack.kernel.contracts.object_detection import BOXES, LABELS, SCORES, ObjectDetectionSettings
 from ortpack.kernel.engine import Item
+from ortpack.kernel.engines.images import ImageEngine
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from ortpack.serving.errors import InvalidRequestError
 from ortpack.serving.http import RouteSpec, json_response, service_of
 from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
-from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
 
 # ---------------------------------------------------------------- request and answer
 
@@ -92,7 +93,7 @@ class ObjectDetectionRuntime:
         if not isinstance(settings, ObjectDetectionSettings):
             raise ValueError(f"not an object-detection bundle: {manifest.task}")
         self.images = ImageInputs(
-            ctx.engine.decoder,  # type: ignore[attr-defined]  # an ImageEngine's
+            engine_as(ctx, ImageEngine).decoder,
             workers=config.worker_count,
             max_items=config.max_items,
             max_image_pixels=config.max_image_pixels,
@@ -104,14 +105,14 @@ class ObjectDetectionRuntime:
         pixels = self.images.from_v2(tensors[IMAGES.name])
         return pixels, image_buckets(pixels)
 
-    def requested(self, min_score: object, top_k: object) -> tuple[float, int]:
+    def requested(self, min_score: str | float | None, top_k: str | int | None) -> tuple[float, int]:
         """A request's (min_score, top_k), checked against what the graph keeps."""
         t = self.thresholds
         if min_score is None:
             score = t.score
         else:
             try:
-                score = float(min_score)  # type: ignore[arg-type]  # a query string or a JSON number
+                score = float(min_score)  # a query string or a JSON number
             except ValueError:
                 raise InvalidRequestError(f"min_score must be a number, got {min_score!r}") from None
             if not t.score <= score <= 1.0:
@@ -159,7 +160,7 @@ class ObjectDetectionRuntime:
             RouteSpec(
                 path="/v1/detect",
                 method="POST",
-                handler=detect,
+                handler=self.detect_bytes,
                 summary="Detect objects in one image sent as its bytes (Content-Type image/jpeg, png or webp)",
                 operation_id="detectObjects",
                 request_media=MEDIA,
@@ -170,7 +171,7 @@ class ObjectDetectionRuntime:
             RouteSpec(
                 path="/v1/detect/json",
                 method="POST",
-                handler=detect_json,
+                handler=self.detect_json,
                 summary="Detect objects in images sent as base64 in JSON",
                 operation_id="detectObjectsJson",
                 request_schema="DetectJsonRequest",
@@ -186,36 +187,27 @@ class ObjectDetectionRuntime:
     def describe(self) -> str:
         return "object detection: /v1/detect and the Open Inference Protocol v2"
 
+    async def detect_bytes(self, request: Request) -> Response:
+        """The image itself as the body; `min_score` and `top_k` in the query."""
+        query = request.query_params
+        min_score, top_k = self.requested(query.get("min_score"), query.get("top_k"))
+        pixels = await self.images.from_body(request, "/v1/detect/json")
+        (answer,) = await self.detect(request, [pixels], min_score, top_k)
+        return json_response({"model": service_of(request).model_name, **answer})
 
-def _runtime(request: Request) -> ObjectDetectionRuntime:
-    runtime: ObjectDetectionRuntime = service_of(request).runtime  # type: ignore[assignment]
-    return runtime
-
-
-async def detect(request: Request) -> Response:
-    """The image itself as the body; `min_score` and `top_k` in the query."""
-    runtime = _runtime(request)
-    query = request.query_params
-    min_score, top_k = runtime.requested(query.get("min_score"), query.get("top_k"))
-    pixels = await runtime.images.from_body(request, "/v1/detect/json")
-    (answer,) = await runtime.detect(request, [pixels], min_score, top_k)
-    return json_response({"model": service_of(request).model_name, **answer})
-
-
-async def detect_json(request: Request) -> Response:
-    """{"image": base64} or {"images": [base64, ...]}, optional "min_score" and "top_k"."""
-    runtime = _runtime(request)
-    body = await read_body_as(request, DetectJsonRequest)
-    min_score, top_k = runtime.requested(body.min_score, body.top_k)
-    single = body.image is not None
-    items = [body.image] if body.image is not None else body.images or []
-    where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
-    pixels = await runtime.images.from_base64(items, where)
-    answers = await runtime.detect(request, pixels, min_score, top_k)
-    model = service_of(request).model_name
-    if single:
-        return json_response({"model": model, **answers[0]})
-    return json_response({"model": model, "data": [{"index": i, **a} for i, a in enumerate(answers)]})
+    async def detect_json(self, request: Request) -> Response:
+        """{"image": base64} or {"images": [base64, ...]}, optional "min_score" and "top_k"."""
+        body = await read_body_as(request, DetectJsonRequest)
+        min_score, top_k = self.requested(body.min_score, body.top_k)
+        single = body.image is not None
+        items = [body.image] if body.image is not None else body.images or []
+        where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
+        pixels = await self.images.from_base64(items, where)
+        answers = await self.detect(request, pixels, min_score, top_k)
+        model = service_of(request).model_name
+        if single:
+            return json_response({"model": model, **answers[0]})
+        return json_response({"model": model, "data": [{"index": i, **a} for i, a in enumerate(answers)]})
 
 
 TASK = ServingTask(name="object-detection", open=ObjectDetectionRuntime)

@@ -24,11 +24,12 @@ from starlette.responses import Response
 
 from ortpack.kernel.contracts.text_classification import TextClassificationSettings
 from ortpack.kernel.engine import stack
+from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
-from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
 from ortpack.serving.text import Texts, encode_pairs, encode_texts, v2_texts
 
 # ---------------------------------------------------------------- requests and answers
@@ -114,7 +115,7 @@ class TextClassificationRuntime:
             raise ValueError(f"not a text-classification bundle: {ctx.manifest.task}")
         self.pairs = settings.classification.pairs
         self.max_items = ctx.config.max_items
-        self.encoder = ctx.engine.encoder  # type: ignore[attr-defined]  # a TokenEngine's
+        self.encoder = engine_as(ctx, TokenEngine).encoder
         self.output_name = ctx.manifest.signature.outputs[0].name
         self.output_dim = 1 if self.pairs else ctx.manifest.sizes["labels"]
         self.labels = settings.labels or [f"LABEL_{i}" for i in range(self.output_dim)]
@@ -165,7 +166,7 @@ class TextClassificationRuntime:
                 RouteSpec(
                     path="/v1/rerank",
                     method="POST",
-                    handler=rerank,
+                    handler=self.rerank,
                     summary="Rerank documents for a query (cross-encoder; Cohere/Jina/TEI-style answer)",
                     operation_id="rerank",
                     request_schema="RerankRequest",
@@ -182,7 +183,7 @@ class TextClassificationRuntime:
             RouteSpec(
                 path="/v1/classify",
                 method="POST",
-                handler=classify,
+                handler=self.classify,
                 summary="Classify texts: labels with probabilities, best first",
                 operation_id="classifyText",
                 request_schema="TextClassifyRequest",
@@ -202,48 +203,41 @@ class TextClassificationRuntime:
             return "reranking with a cross-encoder: /v1/rerank and the Open Inference Protocol v2"
         return "text classification: /v1/classify and the Open Inference Protocol v2"
 
+    async def classify(self, request: Request) -> Response:
+        service = service_of(request)
+        body = await read_body_as(request, TextClassifyRequest)
+        if body.model is not None:
+            check_model(request, body.model, None)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        k = min(body.top_k or 5, self.output_dim)
+        encoded = await self.encode(texts, "input")
+        rows = await self.infer(request, encoded)
+        data = []
+        for i, row in enumerate(rows):
+            best = np.argsort(-row, kind="stable")[:k]
+            predictions = [Prediction(label=self.labels[j], index=int(j), probability=float(row[j])) for j in best]
+            data.append(TextPredictions(index=i, predictions=predictions))
+        answer = TextClassification(model=service.model_name, data=data, usage=Usage(total_tokens=encoded.tokens))
+        return json_response(answer.model_dump())
 
-def _runtime(request: Request) -> TextClassificationRuntime:
-    runtime: TextClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
-    return runtime
-
-
-async def classify(request: Request) -> Response:
-    runtime, service = _runtime(request), service_of(request)
-    body = await read_body_as(request, TextClassifyRequest)
-    if body.model is not None:
-        check_model(request, body.model, None)
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    k = min(body.top_k or 5, runtime.output_dim)
-    encoded = await runtime.encode(texts, "input")
-    rows = await runtime.infer(request, encoded)
-    data = []
-    for i, row in enumerate(rows):
-        best = np.argsort(-row, kind="stable")[:k]
-        predictions = [Prediction(label=runtime.labels[j], index=int(j), probability=float(row[j])) for j in best]
-        data.append(TextPredictions(index=i, predictions=predictions))
-    answer = TextClassification(model=service.model_name, data=data, usage=Usage(total_tokens=encoded.tokens))
-    return json_response(answer.model_dump())
-
-
-async def rerank(request: Request) -> Response:
-    runtime, service = _runtime(request), service_of(request)
-    body = await read_body_as(request, RerankRequest)
-    if body.model is not None:
-        check_model(request, body.model, None)
-    texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    encoded = await runtime.encode(texts, "documents", pairs_with=body.query)
-    scores = (await runtime.infer(request, encoded))[:, 0]
-    results = [
-        RerankResult(
-            index=int(i),
-            relevance_score=float(scores[i]),
-            document=RerankDocument(text=texts[i]) if body.return_documents else None,
-        )
-        for i in np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
-    ]
-    answer = RerankResponse(model=service.model_name, results=results, usage=Usage(total_tokens=encoded.tokens))
-    return json_response(answer.model_dump(exclude_none=True))
+    async def rerank(self, request: Request) -> Response:
+        service = service_of(request)
+        body = await read_body_as(request, RerankRequest)
+        if body.model is not None:
+            check_model(request, body.model, None)
+        texts = [d if isinstance(d, str) else d.text for d in body.documents]
+        encoded = await self.encode(texts, "documents", pairs_with=body.query)
+        scores = (await self.infer(request, encoded))[:, 0]
+        results = [
+            RerankResult(
+                index=int(i),
+                relevance_score=float(scores[i]),
+                document=RerankDocument(text=texts[i]) if body.return_documents else None,
+            )
+            for i in np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
+        ]
+        answer = RerankResponse(model=service.model_name, results=results, usage=Usage(total_tokens=encoded.tokens))
+        return json_response(answer.model_dump(exclude_none=True))
 
 
 TASK = ServingTask(name="text-classification", open=TextClassificationRuntime)

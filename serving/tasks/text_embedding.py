@@ -9,73 +9,34 @@ pydantic models below: the same models parse requests and write the OpenAPI sche
 
 from __future__ import annotations
 
-import base64
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ortpack.kernel.contracts.text_embedding import OUTPUT
+from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import component_schemas, read_body_as
-from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
+from ortpack.serving.embeddings import EmbeddingsOptions, EmbeddingsResponse, embeddings_answer
+from ortpack.serving.errors import PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
-from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
 from ortpack.serving.text import TextsOrTokens, encode_ids, encode_texts, texts_or_ids, v2_texts
 
 
-class EmbeddingsRequest(BaseModel):
-    """OpenAI's embeddings request. `dimensions`, when sent, must be the model's own; `user` is
-    accepted and ignored."""
-
-    model_config = ConfigDict(strict=True)
+class EmbeddingsRequest(EmbeddingsOptions):
+    """OpenAI's embeddings request with texts (or token ids) as `input`. `dimensions`, when sent, must be the
+    model's own; `user` is accepted and ignored."""
 
     input: TextsOrTokens
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] | None = "float"
-    dimensions: int | None = None
-    user: str | None = None
-
-    @field_validator("dimensions", mode="wrap")
-    @classmethod
-    def _the_models_own(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
-        want = (info.context or {}).get("dimensions")
-        try:
-            fits = handler(value) in (None, want)
-        except ValidationError:
-            fits = False
-        if not fits:
-            raise InvalidRequestError(f"dimensions must be {want} for this model (got {value!r})")
-        return value
-
-
-class Embedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | Annotated[str, Field(description="base64 little-endian float32")]
-
-
-class EmbeddingsUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-# The handler writes this answer as a dict (orjson writes the numpy rows); tests check answers
-# against the model.
-class EmbeddingsResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingsUsage
 
 
 class TextEmbeddingRuntime:
     """The HTTP side of a text-embedding variant: its engine's tokenizer with the server's limits."""
 
     def __init__(self, ctx: LoadContext) -> None:
-        self.engine = ctx.engine
-        self.encoder = self.engine.encoder  # type: ignore[attr-defined]  # a TokenEngine's
+        self.encoder = engine_as(ctx, TokenEngine).encoder
         self.max_items = ctx.config.max_items
         self.output_dim = ctx.manifest.sizes["dim"]
 
@@ -96,7 +57,7 @@ class TextEmbeddingRuntime:
             RouteSpec(
                 path="/v1/embeddings",
                 method="POST",
-                handler=embeddings,
+                handler=self.embeddings,
                 summary="Embed texts (OpenAI-compatible)",
                 operation_id="createEmbeddings",
                 request_schema="EmbeddingsRequest",
@@ -112,28 +73,17 @@ class TextEmbeddingRuntime:
     def describe(self) -> str:
         return "text embeddings: OpenAI /v1/embeddings and the Open Inference Protocol v2"
 
-
-async def embeddings(request: Request) -> Response:
-    service = service_of(request)
-    runtime: TextEmbeddingRuntime = service.runtime  # type: ignore[assignment]
-    body = await read_body_as(request, EmbeddingsRequest, {"dimensions": runtime.output_dim})
-    if body.model is not None:
-        check_model(request, body.model, None)
-    texts, ids = texts_or_ids(body.input)
-    encoded = await runtime.encode(texts, ids, "input")
-    items = await service.infer(encoded.payloads, encoded.buckets)
-    rows = [item[OUTPUT] for item in items]
-    if body.encoding_format == "base64":
-        data = [
-            {"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()}
-            for i, row in enumerate(rows)
-        ]
-    else:
-        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
-    usage = {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens}
-    return json_response(
-        {"object": "list", "data": data, "model": service.model_name, "usage": usage}, headers=space_headers(request)
-    )
+    async def embeddings(self, request: Request) -> Response:
+        service = service_of(request)
+        body = await read_body_as(request, EmbeddingsRequest, {"dimensions": self.output_dim})
+        if body.model is not None:
+            check_model(request, body.model, None)
+        texts, ids = texts_or_ids(body.input)
+        encoded = await self.encode(texts, ids, "input")
+        items = await service.infer(encoded.payloads, encoded.buckets)
+        rows = [item[OUTPUT] for item in items]
+        answer = embeddings_answer(rows, body.encoding_format, service.model_name, encoded.tokens)
+        return json_response(answer, headers=space_headers(request))
 
 
 TASK = ServingTask(name="text-embedding", open=TextEmbeddingRuntime)

@@ -22,11 +22,12 @@ from starlette.responses import Response
 
 from ortpack.kernel.contracts.token_classification import OUTPUT, TokenClassificationSettings
 from ortpack.kernel.engine import stack
+from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import component_schemas, read_body_as
 from ortpack.serving.errors import PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
-from ortpack.serving.tasks.contract import LoadContext, ServingTask
+from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
 from ortpack.serving.text import Texts, context_tokens, tokenize, v2_texts
 
 INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
@@ -137,7 +138,7 @@ class TokenClassificationRuntime:
         self.labels = settings.labels
         self.aggregation = settings.aggregation
         self.max_items = ctx.config.max_items
-        self.encoder = ctx.engine.encoder  # type: ignore[attr-defined]  # a TokenEngine's
+        self.encoder = engine_as(ctx, TokenEngine).encoder
 
     def _tokenize(self, texts: list[str]) -> tuple[list[Any], Encoded]:
         encodings = self.encoder.tokenizer.encode_batch(list(self.encoder.bound(texts)))
@@ -160,7 +161,7 @@ class TokenClassificationRuntime:
             RouteSpec(
                 path="/v1/ner",
                 method="POST",
-                handler=recognize,
+                handler=self.recognize,
                 summary="Tag texts: their entities (or labelled tokens) with character offsets",
                 operation_id="recognizeEntities",
                 request_schema="NerRequest",
@@ -176,23 +177,21 @@ class TokenClassificationRuntime:
     def describe(self) -> str:
         return "token classification (named entities): /v1/ner and the Open Inference Protocol v2"
 
-
-async def recognize(request: Request) -> Response:
-    runtime: TokenClassificationRuntime = service_of(request).runtime  # type: ignore[assignment]
-    service = service_of(request)
-    body = await read_body_as(request, NerRequest)
-    if body.model is not None:
-        check_model(request, body.model, None)
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    texts, encodings, encoded = await runtime.tokenize(texts, "input")
-    rows = stack(await service.infer(encoded.payloads, encoded.buckets), OUTPUT)
-    aggregation = body.aggregation or runtime.aggregation
-    data = [
-        NerResult(index=i, entities=tag(text, enc, rows[i, : len(enc.ids)], runtime.labels, aggregation))
-        for i, (text, enc) in enumerate(zip(texts, encodings, strict=True))
-    ]
-    answer = NerResponse(model=service.model_name, data=data, usage=Usage(total_tokens=encoded.tokens))
-    return json_response(answer.model_dump())
+    async def recognize(self, request: Request) -> Response:
+        service = service_of(request)
+        body = await read_body_as(request, NerRequest)
+        if body.model is not None:
+            check_model(request, body.model, None)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        texts, encodings, encoded = await self.tokenize(texts, "input")
+        rows = stack(await service.infer(encoded.payloads, encoded.buckets), OUTPUT)
+        aggregation = body.aggregation or self.aggregation
+        data = [
+            NerResult(index=i, entities=tag(text, enc, rows[i, : len(enc.ids)], self.labels, aggregation))
+            for i, (text, enc) in enumerate(zip(texts, encodings, strict=True))
+        ]
+        answer = NerResponse(model=service.model_name, data=data, usage=Usage(total_tokens=encoded.tokens))
+        return json_response(answer.model_dump())
 
 
 TASK = ServingTask(name="token-classification", open=TokenClassificationRuntime)
