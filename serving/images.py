@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
@@ -18,6 +18,9 @@ from starlette.requests import Request
 from ortpack.kernel.images import ImageDecoder, decode_base64
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 from ortpack.serving.http import config_of, read_body
+
+if TYPE_CHECKING:
+    from ortpack.serving.tasks.contract import InferInput
 
 MEDIA = ("image/jpeg", "image/png", "image/webp")
 # An 8x8 PNG, base64: an example request body (any JPEG, PNG or WebP works).
@@ -60,11 +63,10 @@ class ImageInputs:
         )
         return decoded
 
-    def from_v2(self, tensor: dict[str, Any]) -> list[np.ndarray]:
+    def from_v2(self, tensor: InferInput) -> list[np.ndarray]:
         """An Open Inference Protocol UINT8 tensor `[n, height, width, 3]` (row-major, flat data):
         its n images."""
-        name = tensor.get("name")
-        shape = tensor.get("shape")
+        name, shape = tensor.name, tensor.shape
         if (
             not isinstance(shape, list)
             or len(shape) != 4
@@ -77,7 +79,7 @@ class ImageInputs:
             raise PayloadTooLargeError(f"input '{name}' has {n} images; the limit is {self.max_items}")
         if height * width > self.max_image_pixels:
             raise PayloadTooLargeError(f"images of {width}x{height} exceed the {self.max_image_pixels}-pixel limit")
-        data = tensor.get("data")
+        data = tensor.data
         if isinstance(data, list) and data and isinstance(data[0], list):
             raise InvalidRequestError(f"input '{name}' data must be flat (row-major)")
         try:

@@ -14,7 +14,7 @@ import asyncio
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, Field, StrictInt, ValidationInfo
 
@@ -22,6 +22,9 @@ from ortpack.kernel.tokenizer import Encoded, TextEncoder
 from ortpack.serving import context
 from ortpack.serving.bodies import worded
 from ortpack.serving.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from ortpack.serving.tasks.contract import InferInput
 
 # A request of one text up to this long is tokenized inline on the event loop (~50-70 us for a
 # sentence: less than the hop to a thread); a longer text, or several texts, on a thread.
@@ -128,11 +131,10 @@ def texts_or_ids(value: str | list[Any]) -> tuple[list[str] | None, list[list[in
     return None, value
 
 
-def v2_texts(tensor: dict[str, Any]) -> list[str]:
+def v2_texts(tensor: InferInput) -> list[str]:
     """The strings of an Open Inference Protocol BYTES tensor of shape [n] or [n, 1] (row-major
     data, flat or nested), checked against its shape."""
-    name = tensor.get("name")
-    shape, data = tensor.get("shape"), tensor.get("data")
+    name, shape, data = tensor.name, tensor.shape, tensor.data
     if (
         not isinstance(shape, list)
         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)

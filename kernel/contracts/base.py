@@ -84,7 +84,8 @@ TOKEN_INPUTS = (
     Tensor("attention_mask", "int64", (BATCH, "sequence"), optional=True),
     Tensor("token_type_ids", "int64", (BATCH, "sequence"), optional=True),
 )
-TEXT_REQUEST = (Tensor("text", "string", (BATCH,)),)
+TEXT = Tensor("text", "string", (BATCH,))  # what a client sends a text task (the server tokenizes)
+TEXT_REQUEST = (TEXT,)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ortpack.kernel.contracts.base import TEXT_REQUEST, TOKEN_INPUTS, Strict, TaskContract, TextOptions, TextSettings
+from ortpack.kernel.contracts.base import (
+    TEXT,
+    TEXT_REQUEST,
+    TOKEN_INPUTS,
+    Strict,
+    TaskContract,
+    TextOptions,
+    TextSettings,
+)
 from ortpack.kernel.contracts.tensors import BATCH, Signature, Tensor
 from ortpack.kernel.gates import ceiling, floor, gate_table
 
@@ -31,7 +39,7 @@ def signature(settings: TextClassificationSettings) -> Signature:
         return Signature(
             inputs=TOKEN_INPUTS,
             outputs=(Tensor("scores", "float32", (BATCH, 1)),),
-            request=(Tensor("text", "string", (BATCH, 2)),),
+            request=(Tensor(TEXT.name, "string", (BATCH, 2)),),
         )
     return Signature(
         inputs=TOKEN_INPUTS, outputs=(Tensor("probabilities", "float32", (BATCH, "labels")),), request=TEXT_REQUEST

@@ -43,6 +43,7 @@ from ortpack.serving.http import (
     stage,
 )
 from ortpack.serving.service import model_service
+from ortpack.serving.tasks.contract import InferInput
 
 
 async def server_metadata(request: Request) -> Response:
@@ -180,7 +181,8 @@ async def infer(request: Request) -> Response:
     attach_binary_inputs(body["inputs"], binary)
     wanted = _outputs(body, signature.outputs)
     binary_output = wants_binary(body)
-    payloads, buckets = await service.runtime.v2_payloads(tensors)
+    inputs = {name: InferInput.of(tensor) for name, tensor in tensors.items()}
+    payloads, buckets = await service.runtime.v2_payloads(inputs)
     items = await service.infer(payloads, buckets)
     arrays = [(tensor, output_array(tensor, items)) for tensor in wanted]
     outputs: list[dict[str, Any]] = [

@@ -29,6 +29,25 @@ class LoadContext:
     config: ServeConfig
 
 
+@dataclass(frozen=True, kw_only=True)
+class InferInput:
+    """One Open Inference Protocol input tensor of a request (KServe's `InferInput`): its name and
+    datatype are the task's declared ones (the v2 route checked them); its shape and data are as
+    the client sent them (data: a JSON list, or a flat numpy array from the binary extension),
+    for the plugin to check against what its engine takes."""
+
+    name: str
+    datatype: str
+    shape: Any
+    data: Any
+
+    @classmethod
+    def of(cls, tensor: dict[str, Any]) -> InferInput:
+        """From a request's tensor object (name and datatype already checked)."""
+        name, datatype = str(tensor["name"]), str(tensor["datatype"])
+        return cls(name=name, datatype=datatype, shape=tensor.get("shape"), data=tensor.get("data"))
+
+
 EngineKind = TypeVar("EngineKind")
 
 
@@ -45,7 +64,7 @@ def engine_as(ctx: LoadContext, kind: type[EngineKind]) -> EngineKind:
 class TaskRuntime(Protocol):
     """The HTTP side of one loaded variant of one task."""
 
-    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
         """(payloads, buckets) from a request's input tensors by name (each named and typed as the
         task declares it; their data and shapes are the plugin's to check)."""
         ...

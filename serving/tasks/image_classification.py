@@ -26,7 +26,7 @@ from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as,
 from ortpack.serving.errors import InvalidRequestError
 from ortpack.serving.http import RouteSpec, json_response, service_of
 from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
-from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
+from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 
 # ---------------------------------------------------------------- request and answer
 
@@ -98,8 +98,8 @@ class ImageClassificationRuntime:
         self.output_dim = manifest.sizes["classes"]
         self.labels = settings.labels or [str(i) for i in range(self.output_dim)]
 
-    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        pixels = self.images.from_v2(tensors[IMAGES.name])
+    async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
+        pixels = self.images.from_v2(inputs[IMAGES.name])
         return pixels, image_buckets(pixels)
 
     def requested_top_k(self, value: object) -> int:

@@ -25,7 +25,7 @@ from ortpack.serving.embeddings import EmbeddingsOptions, EmbeddingsResponse, em
 from ortpack.serving.errors import InvalidRequestError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
 from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
-from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
+from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 
 Image = Annotated[str, Field(description="an image as base64 or a data: URL (JPEG, PNG or WebP)")]
 
@@ -54,8 +54,8 @@ class ImageEmbeddingRuntime:
         )
         self.output_dim = ctx.manifest.sizes["dim"]
 
-    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        pixels = self.images.from_v2(tensors[IMAGES.name])
+    async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
+        pixels = self.images.from_v2(inputs[IMAGES.name])
         return pixels, image_buckets(pixels)
 
     def routes(self) -> list[RouteSpec]:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ortpack.kernel.contracts.base import TEXT
 from ortpack.kernel.contracts.text_classification import TextClassificationSettings
 from ortpack.kernel.engine import stack
 from ortpack.kernel.engines.tokens import TokenEngine
@@ -29,7 +30,7 @@ from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
-from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
+from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 from ortpack.serving.text import Texts, encode_pairs, encode_texts, v2_texts
 
 # ---------------------------------------------------------------- requests and answers
@@ -131,12 +132,12 @@ class TextClassificationRuntime:
         items = await service_of(request).infer(encoded.payloads, encoded.buckets)
         return stack(items, self.output_name)
 
-    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        tensor = tensors["text"]
+    async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
+        tensor = inputs[TEXT.name]
         if not self.pairs:
             encoded = await self.encode(v2_texts(tensor), "inputs[0].data")
             return encoded.payloads, encoded.buckets
-        shape, data = tensor.get("shape"), tensor.get("data")
+        shape, data = tensor.shape, tensor.data
         if not (
             isinstance(shape, list)
             and len(shape) == 2

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ortpack.kernel.contracts.base import TEXT
 from ortpack.kernel.contracts.text_embedding import OUTPUT
 from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
@@ -21,7 +22,7 @@ from ortpack.serving.bodies import component_schemas, read_body_as
 from ortpack.serving.embeddings import EmbeddingsOptions, EmbeddingsResponse, embeddings_answer
 from ortpack.serving.errors import PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
-from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
+from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 from ortpack.serving.text import TextsOrTokens, encode_ids, encode_texts, texts_or_ids, v2_texts
 
 
@@ -48,8 +49,8 @@ class TextEmbeddingRuntime:
             return await encode_texts(self.encoder, texts)
         return await encode_ids(self.encoder, ids or [])
 
-    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        encoded = await self.encode(v2_texts(tensors["text"]), None, "inputs[0].data")
+    async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
+        encoded = await self.encode(v2_texts(inputs[TEXT.name]), None, "inputs[0].data")
         return encoded.payloads, encoded.buckets
 
     def routes(self) -> list[RouteSpec]:

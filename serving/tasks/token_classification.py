@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ortpack.kernel.contracts.base import TEXT
 from ortpack.kernel.contracts.token_classification import OUTPUT, TokenClassificationSettings
 from ortpack.kernel.engine import stack
 from ortpack.kernel.engines.tokens import TokenEngine
@@ -27,7 +28,7 @@ from ortpack.kernel.tokenizer import Encoded
 from ortpack.serving.bodies import component_schemas, read_body_as
 from ortpack.serving.errors import PayloadTooLargeError
 from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
-from ortpack.serving.tasks.contract import LoadContext, ServingTask, engine_as
+from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 from ortpack.serving.text import Texts, context_tokens, tokenize, v2_texts
 
 INLINE_CHARS = 2048  # tokenize on the event loop up to this many characters; in a thread beyond
@@ -152,8 +153,8 @@ class TokenClassificationRuntime:
         context_tokens(encoded.tokens)
         return list(self.encoder.bound(texts)), encodings, encoded
 
-    async def v2_payloads(self, tensors: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        _, _, encoded = await self.tokenize(v2_texts(tensors["text"]), "inputs[0].data")
+    async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
+        _, _, encoded = await self.tokenize(v2_texts(inputs[TEXT.name]), "inputs[0].data")
         return encoded.payloads, encoded.buckets
 
     def routes(self) -> list[RouteSpec]:
