@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ortpack.kernel.engine import Engine, Item, ProbeMetrics
+from ortpack.kernel.errors import one_line
 from ortpack.kernel.gates import GateTable, gate
 
 PROBE_FILE = "probe/probe.npz"
@@ -182,7 +183,7 @@ def check_probe(
     try:
         outputs = run_probe(probe, engine, threads)
     except Exception as exc:  # noqa: BLE001 - a variant that cannot run here misses, with the reason
-        return result({}, [f"cannot run the probe: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"])
+        return result({}, [f"cannot run the probe: {type(exc).__name__}: {one_line(exc, 200)}"])
     misses: list[str] = []
     nonfinite = sum(not all(np.isfinite(a).all() for a in item.values() if a.dtype.kind == "f") for item in outputs)
     if nonfinite:

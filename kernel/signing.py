@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpack.kernel.bundle import BundleError, sha256_file, verify_bundle
+from ortpack.kernel.errors import one_line
 
 SIGNATURE_NAME = "model.sig"
 SUPPORTED_CURVES = ("secp256r1", "secp384r1", "secp521r1")
@@ -287,4 +288,4 @@ def _fingerprint(public_key: Any) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return one_line(exc)

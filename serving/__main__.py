@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ortpack.kernel.errors import one_line
+
 log = logging.getLogger("ortpack.serve")
 
 
@@ -127,11 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("%s before ready: stopped without serving", stop.name)
             return 0
     except (BundleError, ConfigError, OSError) as exc:
-        print(f"ortpack-serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"ortpack-serve: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - e.g. ONNX Runtime refusing the model: one line, no traceback
         print(
-            f"ortpack-serve: error: cannot load the model: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}",
+            f"ortpack-serve: error: cannot load the model: {type(exc).__name__}: {one_line(exc, 400)}",
             file=sys.stderr,
         )
         return 3

@@ -79,11 +79,10 @@ class TextSettings(TaskSettings):
 
 # What the graph of a task whose inputs are tokenized text takes (the tokenizer says which of
 # them a model has: `TokenizerSettings.model_input_names`), and what a request carries instead
-TOKEN_INPUTS = (
-    Tensor("input_ids", "int64", (BATCH, "sequence")),
-    Tensor("attention_mask", "int64", (BATCH, "sequence"), optional=True),
-    Tensor("token_type_ids", "int64", (BATCH, "sequence"), optional=True),
-)
+INPUT_IDS = Tensor("input_ids", "int64", (BATCH, "sequence"))
+ATTENTION_MASK = Tensor("attention_mask", "int64", (BATCH, "sequence"), optional=True)
+TOKEN_TYPE_IDS = Tensor("token_type_ids", "int64", (BATCH, "sequence"), optional=True)
+TOKEN_INPUTS = (INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS)
 TEXT = Tensor("text", "string", (BATCH,))  # what a client sends a text task (the server tokenizes)
 TEXT_REQUEST = (TEXT,)
 

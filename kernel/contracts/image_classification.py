@@ -28,12 +28,13 @@ class ImageClassificationSettings(TaskSettings):
 
 
 OUTPUT = "probabilities"
+SIGNATURE = Signature(inputs=(IMAGES,), outputs=(Tensor(OUTPUT, "float32", (BATCH, "classes")),))
 
 CONTRACT = TaskContract(
     name="image-classification",
     options=ImageOptions,
     settings=ImageClassificationSettings,
-    signature=fixed(Signature(inputs=(IMAGES,), outputs=(Tensor(OUTPUT, "float32", (BATCH, "classes")),))),
+    signature=fixed(SIGNATURE),
     gates=gate_table(
         ceiling("max_abs_diff"),
         ceiling("mean_abs_diff"),

@@ -16,6 +16,7 @@ from ortpack.kernel.contracts.tensors import BATCH, Signature, Tensor
 from ortpack.kernel.gates import ceiling, floor, gate_table
 
 OUTPUT = "image_embedding"
+SIGNATURE = Signature(inputs=(IMAGES,), outputs=(Tensor(OUTPUT, "float32", (BATCH, "dim")),))
 
 
 class ImageEmbeddingOptions(ImageModelOptions):
@@ -60,7 +61,7 @@ CONTRACT = TaskContract(
     name="image-embedding",
     options=ImageEmbeddingOptions,
     settings=ImageEmbeddingSettings,
-    signature=fixed(Signature(inputs=(IMAGES,), outputs=(Tensor(OUTPUT, "float32", (BATCH, "dim")),))),
+    signature=fixed(SIGNATURE),
     space=SpaceDeclaration(output=OUTPUT, facts=space_facts),
     gates=gate_table(
         ceiling("max_abs_diff"),

@@ -71,6 +71,16 @@ class Tensor:
         """The shape with the named dimensions `sizes` knows replaced by their size."""
         return [sizes.get(d, d) if isinstance(d, str) else d for d in self.shape]
 
+    def spec(self, sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """What an export records of this tensor (and a manifest's `inputs`/`outputs` hold): name,
+        dtype and the shape with the dimensions `sizes` knows fixed."""
+        return {"name": self.name, "dtype": self.dtype, "shape": self.resolved(sizes or {})}
+
+    def dynamic_axes(self, sizes: Mapping[str, int] | None = None) -> dict[int, str]:
+        """The axes an exporter leaves free (`torch.onnx.export`'s `dynamic_axes`): every named
+        dimension the model does not fix (`sizes`: those it fixes, such as the classes)."""
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str) and d not in (sizes or {})}
+
     def v2(self, sizes: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Open Inference Protocol metadata: -1 for every dimension that is not fixed."""
         shape = [d if isinstance(d, int) else -1 for d in self.resolved(sizes or {})]

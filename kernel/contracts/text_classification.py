@@ -32,18 +32,22 @@ class TextClassificationSettings(TextSettings):
     labels: list[str] | None = None
 
 
+# A classifier answers `probabilities` per label; a cross-encoder one relevance score per (query,
+# document) row, sent as two strings a row
+PAIR_SIGNATURE = Signature(
+    inputs=TOKEN_INPUTS,
+    outputs=(Tensor("scores", "float32", (BATCH, 1)),),
+    request=(Tensor(TEXT.name, "string", (BATCH, 2)),),
+)
+LABEL_SIGNATURE = Signature(
+    inputs=TOKEN_INPUTS, outputs=(Tensor("probabilities", "float32", (BATCH, "labels")),), request=TEXT_REQUEST
+)
+
+
 def signature(settings: TextClassificationSettings) -> Signature:
     """A classifier answers `probabilities` per label; a cross-encoder answers one relevance score
     per (query, document) row, sent as two strings a row."""
-    if settings.classification.pairs:
-        return Signature(
-            inputs=TOKEN_INPUTS,
-            outputs=(Tensor("scores", "float32", (BATCH, 1)),),
-            request=(Tensor(TEXT.name, "string", (BATCH, 2)),),
-        )
-    return Signature(
-        inputs=TOKEN_INPUTS, outputs=(Tensor("probabilities", "float32", (BATCH, "labels")),), request=TEXT_REQUEST
-    )
+    return PAIR_SIGNATURE if settings.classification.pairs else LABEL_SIGNATURE
 
 
 CONTRACT = TaskContract(

@@ -33,6 +33,7 @@ class TextEmbeddingSettings(TextSettings):
 
 
 OUTPUT = "sentence_embedding"
+SIGNATURE = Signature(inputs=TOKEN_INPUTS, outputs=(Tensor(OUTPUT, "float32", (BATCH, "dim")),), request=TEXT_REQUEST)
 
 
 def space_facts(settings: TextEmbeddingSettings, files: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -53,9 +54,7 @@ CONTRACT = TaskContract(
     name="text-embedding",
     options=TextOptions,
     settings=TextEmbeddingSettings,
-    signature=fixed(
-        Signature(inputs=TOKEN_INPUTS, outputs=(Tensor(OUTPUT, "float32", (BATCH, "dim")),), request=TEXT_REQUEST)
-    ),
+    signature=fixed(SIGNATURE),
     space=SpaceDeclaration(output=OUTPUT, facts=space_facts),
     gates=gate_table(
         ceiling("max_abs_diff"),

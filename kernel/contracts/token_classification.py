@@ -32,18 +32,15 @@ class TokenClassificationSettings(TextSettings):
 
 # Per-token probabilities; a served item's rows run to the bundle's max length, PAD past its tokens
 OUTPUT = "probabilities"
+SIGNATURE = Signature(
+    inputs=TOKEN_INPUTS, outputs=(Tensor(OUTPUT, "float32", (BATCH, "sequence", "labels")),), request=TEXT_REQUEST
+)
 
 CONTRACT = TaskContract(
     name="token-classification",
     options=TokenOptions,
     settings=TokenClassificationSettings,
-    signature=fixed(
-        Signature(
-            inputs=TOKEN_INPUTS,
-            outputs=(Tensor(OUTPUT, "float32", (BATCH, "sequence", "labels")),),
-            request=TEXT_REQUEST,
-        )
-    ),
+    signature=fixed(SIGNATURE),
     gates=gate_table(
         ceiling("max_abs_diff"),
         ceiling("mean_abs_diff"),

@@ -26,9 +26,11 @@ import torch
 from torch import nn
 
 from ortpack.components.core.exporters.image_common import GraphBuilder
+from ortpack.kernel.contracts.images import IMAGES
 from ortpack.kernel.contracts.object_detection import BATCH_INDEX, BOXES, LABELS, SCORES
 
-INPUT_NAME, PIXELS_NAME, RAW_NAME = "images", "pixels", "raw"
+INPUT_NAME = IMAGES.name  # the graph's input, as the contract declares it
+PIXELS_NAME, RAW_NAME = "pixels", "raw"  # inside the graph: the letterboxed pixels, the network's raw output
 
 
 def letterbox_geometry(height: int, width: int, size: int) -> tuple[float, int, int, int, int]:
@@ -78,7 +80,7 @@ def letterbox_graph(size: int, pad_value: int, opset: int) -> Any:
     graph = helper.make_graph(
         g.nodes,
         "letterbox",
-        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.UINT8, ["batch", "height", "width", 3])],
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.UINT8, list(IMAGES.shape))],
         [
             helper.make_tensor_value_info(PIXELS_NAME, TensorProto.FLOAT, ["batch", 3, size, size]),
             helper.make_tensor_value_info("geometry", TensorProto.FLOAT, [5]),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpack.components.core.errors import InvalidSpecError, ModelLoadError
+from ortpack.kernel.errors import one_line
 
 # model_type -> (transformers class, pooling)
 MODELS = {
@@ -98,7 +99,7 @@ def load_hf_vision(path: Path, model_type: str) -> tuple[Any, str]:
     try:
         model = getattr(transformers, class_name).from_pretrained(str(path), attn_implementation="eager")
     except Exception as exc:  # noqa: BLE001 - any loading failure: one line
-        raise ModelLoadError(f"cannot load {path} as {class_name}: {' '.join(str(exc).split())[:300]}") from None
+        raise ModelLoadError(f"cannot load {path} as {class_name}: {one_line(exc, 300)}") from None
 
     class Pooled(nn.Module):
         def __init__(self) -> None:

@@ -57,13 +57,13 @@ from ortpack.components.core.validation_data import (
     pack_files,
     read_image_files,
 )
-from ortpack.kernel.contracts.image_classification import CONTRACT, ImageOptions
+from ortpack.kernel.contracts.image_classification import CONTRACT, OUTPUT, SIGNATURE, ImageOptions
+from ortpack.kernel.errors import one_line
 from ortpack.kernel.gates import gate, probability_metrics
 from ortpack.kernel.images import DECODE_GATE, ImageDecoder
 
 log = logging.getLogger("ortpack.export")
 
-OUTPUT_NAME = "probabilities"
 # Reduced JPEG decoding: the shorter side is kept at least margin x resize_size, for the smallest
 # margin that passes the decode gate (measured: README "Image classification"); a margin is judged
 # only when it reduces at least MIN_REDUCED_FILES validation files.
@@ -181,13 +181,13 @@ def _classifier(network: nn.Module, crop: int) -> tuple[Classifier, int]:
     return classifier, classes
 
 
-def _export(spec: ExportSpec, pre: dict[str, Any], classifier: Classifier, out_dir: Path) -> None:
+def _export(spec: ExportSpec, pre: dict[str, Any], classifier: Classifier, classes: int, out_dir: Path) -> None:
     """model.onnx and preprocess.onnx (`export_graphs`); any failure is one ExportError line."""
     log.info("export: %s to ONNX (opset %d) with preprocessing in the graph", spec.source, spec.opset)
     try:
-        export_graphs(pre, classifier, OUTPUT_NAME, out_dir, spec.opset)
+        export_graphs(pre, classifier, SIGNATURE.output(OUTPUT), {"classes": classes}, out_dir, spec.opset)
     except Exception as exc:  # noqa: BLE001
-        raise ExportError(f"cannot export {spec.source} to ONNX: {' '.join(str(exc).split())[:300]}") from None
+        raise ExportError(f"cannot export {spec.source} to ONNX: {one_line(exc, 300)}") from None
 
 
 def _write_reference(
@@ -244,7 +244,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     classifier, classes = _classifier(network, pre["crop_size"])
     labels = read_labels(opts.labels, spec.source, classes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _export(spec, pre, classifier, out_dir)
+    _export(spec, pre, classifier, classes, out_dir)
     seconds = time.perf_counter() - t0
     graph = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
 
@@ -261,8 +261,8 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         task="image-classification",
         name=spec.name,
         source=source_record,
-        inputs=[{"name": INPUT_NAME, "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
-        outputs=[{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", classes]}],
+        inputs=[t.spec() for t in SIGNATURE.inputs],
+        outputs=[t.spec({"classes": classes}) for t in SIGNATURE.outputs],
         opset=spec.opset,
         model_info={"model_type": source.default_name, "classes": classes, "crop_size": pre["crop_size"]},
         metrics={

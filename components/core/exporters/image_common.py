@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,11 +42,13 @@ from ortpack.components.core.validation_data import (
     render_image,
     validation_images,
 )
-from ortpack.kernel.contracts.images import ImageModelOptions
+from ortpack.kernel.contracts.images import IMAGES, ImageModelOptions
+from ortpack.kernel.contracts.tensors import BATCH, Tensor
 
 log = logging.getLogger("ortpack.export")
 
-INPUT_NAME, PIXELS_NAME = "images", "pixels"
+INPUT_NAME = IMAGES.name  # the graph's input, as the task contracts declare it
+PIXELS_NAME = "pixels"  # between the preprocessing and the network, inside the graph
 
 MIN_OPSET = 13  # ReduceSum and Unsqueeze take their axes as inputs from opset 13
 
@@ -134,7 +137,7 @@ class ImagePreprocess:
         graph = helper.make_graph(
             g.nodes,
             "preprocess",
-            [helper.make_tensor_value_info(INPUT_NAME, TensorProto.UINT8, ["batch", "height", "width", 3])],
+            [helper.make_tensor_value_info(INPUT_NAME, TensorProto.UINT8, list(IMAGES.shape))],
             [
                 helper.make_tensor_value_info(
                     PIXELS_NAME, TensorProto.FLOAT, ["batch", 3, self.crop_size, self.crop_size]
@@ -320,10 +323,12 @@ def torch_latency(model: nn.Module, pre: dict[str, Any]) -> dict[str, dict[str, 
     return latency
 
 
-def export_graphs(pre: dict[str, Any], head: nn.Module, output: str, out_dir: Path, opset: int) -> None:
+def export_graphs(
+    pre: dict[str, Any], head: nn.Module, output: Tensor, sizes: Mapping[str, int], out_dir: Path, opset: int
+) -> None:
     """preprocess.onnx (`ImagePreprocess`), the network with its head (`head`: normalised pixels
-    `[batch, 3, crop, crop]` to `output` `[batch, ...]`, TorchScript exporter), and model.onnx,
-    the two composed, all at `opset`."""
+    `[batch, 3, crop, crop]` to the declared `output`, TorchScript exporter, its dimensions that
+    `sizes` does not fix dynamic), and model.onnx, the two composed, all at `opset`."""
     import onnx
     from onnx import compose
 
@@ -345,8 +350,8 @@ def export_graphs(pre: dict[str, Any], head: nn.Module, output: str, out_dir: Pa
             dynamo=False,
             opset_version=opset,
             input_names=[PIXELS_NAME],
-            output_names=[output],
-            dynamic_axes={PIXELS_NAME: {0: "batch"}, output: {0: "batch"}},
+            output_names=[output.name],
+            dynamic_axes={PIXELS_NAME: {0: BATCH}, output.name: output.dynamic_axes(sizes)},
         )
     net = onnx.load(str(out_dir / "network.onnx"))
     preprocess.ir_version = net.ir_version = min(preprocess.ir_version, net.ir_version)

@@ -53,7 +53,8 @@ from ortpack.components.core.validation_data import (
     read_image_files,
 )
 from ortpack.kernel.bundle import sha256_file
-from ortpack.kernel.contracts.image_embedding import OUTPUT, ImageEmbeddingOptions
+from ortpack.kernel.contracts.image_embedding import OUTPUT, SIGNATURE, ImageEmbeddingOptions
+from ortpack.kernel.errors import one_line
 
 log = logging.getLogger("ortpack.export")
 
@@ -130,9 +131,9 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
         f", {dropped} dropped" if dropped else "",
     )
     try:
-        export_graphs(pre, embedder, OUTPUT, out_dir, spec.opset)
+        export_graphs(pre, embedder, SIGNATURE.output(OUTPUT), {"dim": dim}, out_dir, spec.opset)
     except Exception as exc:  # noqa: BLE001 - any exporter failure: one line
-        raise ExportError(f"cannot export {spec.source} to ONNX: {' '.join(str(exc).split())[:300]}") from None
+        raise ExportError(f"cannot export {spec.source} to ONNX: {one_line(exc, 300)}") from None
     seconds = time.perf_counter() - t0
 
     validation = (
@@ -179,8 +180,8 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
         task=spec.task,
         name=spec.name,
         source=record,
-        inputs=[{"name": INPUT_NAME, "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
-        outputs=[{"name": OUTPUT, "dtype": "float32", "shape": ["batch", dim]}],
+        inputs=[t.spec() for t in SIGNATURE.inputs],
+        outputs=[t.spec({"dim": dim}) for t in SIGNATURE.outputs],
         opset=spec.opset,
         model_info={"model_type": model_type, "dim": dim, "crop_size": pre["crop_size"], "pooling": pooling},
         metrics={

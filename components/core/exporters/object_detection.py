@@ -69,15 +69,18 @@ from ortpack.components.core.validation_data import (
     render_image,
 )
 from ortpack.kernel.bundle import sha256_file
+from ortpack.kernel.contracts.images import IMAGES
 from ortpack.kernel.contracts.object_detection import (
-    BATCH_INDEX,
     BOXES,
     LABELS,
     SCORES,
     SIGNATURE,
     DetectionOptions,
+    DetectionPreprocessing,
     Thresholds,
 )
+from ortpack.kernel.contracts.tensors import BATCH
+from ortpack.kernel.errors import one_line
 
 log = logging.getLogger("ortpack.export")
 
@@ -253,12 +256,10 @@ def export_graph(detector: Detector, size: int, pad_value: int, out_dir: Path, o
                 str(path),
                 dynamo=False,
                 opset_version=opset,
-                input_names=[INPUT_NAME],
-                output_names=[BOXES, SCORES, LABELS, BATCH_INDEX],
-                dynamic_axes={
-                    INPUT_NAME: {0: "batch", 1: "height", 2: "width"},  # one image a call: max_batch 1
-                    **{k: {0: "detections"} for k in SIGNATURE.names()["outputs"]},
-                },
+                input_names=[IMAGES.name],
+                output_names=[t.name for t in SIGNATURE.outputs],
+                # one image a call (max_batch 1); every declared free dimension dynamic
+                dynamic_axes={t.name: t.dynamic_axes() for t in (*SIGNATURE.inputs, *SIGNATURE.outputs)},
             )
             return len(detector.labels)
         classes = classes_of(detector.network, size)
@@ -271,7 +272,7 @@ def export_graph(detector: Detector, size: int, pad_value: int, out_dir: Path, o
             opset_version=opset,
             input_names=[PIXELS_NAME],
             output_names=[RAW_NAME],
-            dynamic_axes={PIXELS_NAME: {0: "batch"}, RAW_NAME: {0: "batch"}},
+            dynamic_axes={PIXELS_NAME: {0: BATCH}, RAW_NAME: {0: BATCH}},
         )
     net = onnx.load(str(net_path))
     net_path.unlink()
@@ -327,20 +328,22 @@ def export_object_detector(spec: ExportSpec, out_dir: Path) -> ExportResult:
     files = validation_files(opts)
     calibration = read_image_files(opts.calibration_images, "calibration images") if opts.calibration_images else []
     detector = load_detector(source, opts)
-    size = opts.input_size or 640
+    letterbox = DetectionPreprocessing.model_fields  # the contract's defaults: YOLO's 640 px, grey 114
+    size = opts.input_size or int(letterbox["size"].default)
+    pad_value = int(letterbox["pad_value"].default)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     log.info("export: %s to ONNX (opset %d), decoding and NMS in the graph", spec.source, spec.opset)
     try:
-        classes = export_graph(detector, size, 114, out_dir, spec.opset)
+        classes = export_graph(detector, size, pad_value, out_dir, spec.opset)
     except (ModelLoadError, InvalidSpecError):
         raise
     except Exception as exc:  # noqa: BLE001 - any exporter failure: one line
-        raise ExportError(f"cannot export {spec.source} to ONNX: {' '.join(str(exc).split())[:300]}") from None
+        raise ExportError(f"cannot export {spec.source} to ONNX: {one_line(exc, 300)}") from None
     seconds = time.perf_counter() - t0
     labels = _labels(opts.labels, detector.labels, classes)
     reference = (
-        YoloReference(detector.network, size, 114, *_t(detector.thresholds))
+        YoloReference(detector.network, size, pad_value, *_t(detector.thresholds))
         if detector.decoder == "yolo"
         else BoxesDetector(detector.network).eval().reference
     )
@@ -369,13 +372,14 @@ def export_object_detector(spec: ExportSpec, out_dir: Path) -> ExportResult:
     total = sum(len(d[SCORES]) for d in served)
     log.info("export: %d reference detections on %d files", total, len(files))
     graph = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
-    preprocessing = {"mode": "letterbox" if detector.decoder == "yolo" else "model", "size": size, "pad_value": 114}
+    mode = "letterbox" if detector.decoder == "yolo" else "model"
+    preprocessing = {"mode": mode, "size": size, "pad_value": pad_value}
     return ExportResult(  # written once, by ortpack.components.core.export.export_model
         task="object-detection",
         name=spec.name,
         source=detector.record,
-        inputs=[{"name": INPUT_NAME, "dtype": "uint8", "shape": ["batch", "height", "width", 3]}],
-        outputs=[{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in SIGNATURE.outputs],
+        inputs=[t.spec() for t in SIGNATURE.inputs],
+        outputs=[t.spec() for t in SIGNATURE.outputs],
         opset=spec.opset,
         model_info={"model_type": source.default_name, "classes": classes, "decoder": detector.decoder},
         metrics={

@@ -49,6 +49,7 @@ from ortpack.components.core.exporters.text_common import (
 )
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import validation_sentences
+from ortpack.kernel.contracts.text_classification import LABEL_SIGNATURE, PAIR_SIGNATURE
 
 log = logging.getLogger("ortpack.export")
 
@@ -120,7 +121,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     activation = activation_of(config)
     classes = int(config.num_labels)
     pairs = classes == 1  # a cross-encoder: scores (query, document) pairs
-    output_name = "scores" if pairs else "probabilities"
+    output = (PAIR_SIGNATURE if pairs else LABEL_SIGNATURE).outputs[0]
     max_length = max_length_for(tokenizer, config, spec)
     module = Classifier(model, activation, names).eval()
 
@@ -132,7 +133,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     # a (query, document) pair in the first row
     dummy = dummy_text_inputs(names, int(config.vocab_size), segments=((0, 0, 1, 1), (0, 0, 0, 0)))
     try:
-        export_torchscript(module, dummy, model_path, names, output_name, {0: "batch"}, spec.opset)
+        export_torchscript(module, dummy, model_path, names, output, spec.opset)
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
@@ -172,7 +173,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         name=spec.name,
         source=huggingface_source(config, model_dir, weights),
         inputs=token_id_inputs(names),
-        outputs=[{"name": output_name, "dtype": "float32", "shape": ["batch", classes]}],
+        outputs=[output.spec({"labels": classes})],
         opset=spec.opset,
         model_info=encoder_info(config, "torchscript", family.fuser if family else "none"),
         metrics={

@@ -23,8 +23,11 @@ from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency, synthetic_text_batch, text_bench_shapes
 from ortpack.kernel.bundle import sha256_file
 from ortpack.kernel.contracts import TextOptions
+from ortpack.kernel.contracts.base import ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS
+from ortpack.kernel.contracts.tensors import Tensor
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+INPUT_NAMES = tuple(t.name for t in TOKEN_INPUTS)  # as the text contracts declare them
+REQUIRED_INPUTS = (INPUT_IDS.name, ATTENTION_MASK.name)
 REFERENCE_BATCH = 32  # texts per PyTorch call for the reference outputs
 _NO_SEGMENTS = ((0, 0, 0, 0), (0, 0, 0, 0))
 
@@ -77,7 +80,7 @@ def classifier_input_names(tokenizer: Any, model: nn.Module, what: str) -> tuple
     accepts, which must start with input_ids and attention_mask (`what` names the model)."""
     accepted = inspect.signature(model.forward).parameters
     names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
-    if names[:2] != ("input_ids", "attention_mask"):
+    if names[:2] != REQUIRED_INPUTS:
         raise ExportError(f"model takes {names}; {what} needs input_ids and attention_mask")
     return names
 
@@ -119,15 +122,16 @@ def export_torchscript(
     dummy_inputs: tuple[torch.Tensor, ...],
     path: Path,
     input_names: tuple[str, ...],
-    output_name: str,
-    output_axes: dict[int, str],
+    output: Tensor,
     opset: int,
 ) -> None:
     """Export `module` with the TorchScript exporter (`dynamo=False`: the graph ORT's BERT fusions
-    recognise): `input_names` int64 `[batch, sequence]` to `output_name`, whose `output_axes`
-    (axis -> name) are dynamic."""
-    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
-    axes[output_name] = output_axes
+    recognise): `input_names` (the contract's token inputs) to the declared `output`, every named
+    dimension of each dynamic but the output's last (its width, which the model fixes)."""
+    declared = {t.name: t for t in TOKEN_INPUTS}
+    axes = {name: declared[name].dynamic_axes() for name in input_names}
+    axes[output.name] = {i: d for i, d in output.dynamic_axes().items() if i < len(output.shape) - 1}
+    output_name = output.name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
@@ -255,8 +259,8 @@ def text_versions() -> dict[str, str]:
 
 
 def token_id_inputs(input_names: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The manifest's inputs of a text graph: int64 `[batch, sequence]` each."""
-    return [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in input_names]
+    """The manifest's inputs of a text graph: the contract's token inputs it takes."""
+    return [t.spec() for t in TOKEN_INPUTS if t.name in input_names]
 
 
 @torch.inference_mode()

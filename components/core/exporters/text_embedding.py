@@ -50,10 +50,10 @@ from ortpack.components.core.exporters.text_common import (
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import validation_sentences
 from ortpack.kernel.contracts import TextOptions
+from ortpack.kernel.contracts.text_embedding import OUTPUT, SIGNATURE
 
 log = logging.getLogger("ortpack.export")
 
-OUTPUT_NAME = "sentence_embedding"
 DYNAMO_MIN_OPSET = 18  # torch.export's ONNX translation targets opset 18 and later
 # Weights a checkpoint may lack without changing the embedding: the pooler is never in the graph.
 _UNUSED_WEIGHT_PREFIXES = ("pooler.",)
@@ -295,7 +295,7 @@ def _export_onnx_dynamo(
             _NamedInputs(module),
             dummy_text_inputs(input_names, vocab_size),
             input_names=list(input_names),
-            output_names=[OUTPUT_NAME],
+            output_names=[OUTPUT],
             dynamic_shapes={name: {0: batch, 1: sequence} for name in input_names},
             opset_version=opset,
             dynamo=True,
@@ -379,7 +379,7 @@ def _export_graph(
             _export_onnx_dynamo(module, names, path, opset, vocab_size, max_length)
         else:
             dummy = dummy_text_inputs(names, vocab_size)
-            export_torchscript(module, dummy, path, names, OUTPUT_NAME, {0: "batch"}, opset)
+            export_torchscript(module, dummy, path, names, SIGNATURE.output(OUTPUT), opset)
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
@@ -461,7 +461,7 @@ def export_text_embedding(spec: ExportSpec, out_dir: Path) -> ExportResult:
         name=spec.name,
         source=huggingface_source(config, model_dir, weights),
         inputs=token_id_inputs(module.input_names),
-        outputs=[{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", dim]}],
+        outputs=[t.spec({"dim": dim}) for t in SIGNATURE.outputs],
         opset=opset,
         model_info=encoder_info(config, family.exporter, family.fuser, hidden_size=dim),
         metrics={

@@ -44,11 +44,10 @@ from ortpack.components.core.exporters.text_common import (
 )
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import validation_sentences
-from ortpack.kernel.contracts.token_classification import TokenOptions
+from ortpack.kernel.contracts.token_classification import OUTPUT, SIGNATURE, TokenOptions
 
 log = logging.getLogger("ortpack.export")
 
-OUTPUT = "probabilities"
 PAD = -1.0  # the value of every position past a text's tokens, in references and served rows
 
 
@@ -107,7 +106,7 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     log.info("export: tracing %s to ONNX (opset %d), %d labels per token", model_dir.name, spec.opset, classes)
     dummy = dummy_text_inputs(names, int(config.vocab_size))
     try:
-        export_torchscript(module, dummy, model_path, names, OUTPUT, {0: "batch", 1: "sequence"}, spec.opset)
+        export_torchscript(module, dummy, model_path, names, SIGNATURE.output(OUTPUT), spec.opset)
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
@@ -138,7 +137,7 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         name=spec.name,
         source=huggingface_source(config, model_dir, weights),
         inputs=token_id_inputs(names),
-        outputs=[{"name": OUTPUT, "dtype": "float32", "shape": ["batch", "sequence", classes]}],
+        outputs=[t.spec({"labels": classes}) for t in SIGNATURE.outputs],
         opset=spec.opset,
         model_info=encoder_info(config, "torchscript", family.fuser if family else "none"),
         metrics={
