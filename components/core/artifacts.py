@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Self
 from ortpack.components.core.errors import ParityError
 from ortpack.kernel.bundle import check_task_settings
 from ortpack.kernel.contracts import get_contract
+from ortpack.kernel.engine import Engine, EngineContext
+from ortpack.kernel.engines import get_engine
 
 if TYPE_CHECKING:
     from ortpack.kernel.contracts import TaskSettings
@@ -240,3 +242,16 @@ def gather_variant(model_dir: Path, parity_dir: Path, out_dir: Path) -> Path:
         except OSError:
             shutil.copyfile(src, dst)
     return out_dir
+
+
+def export_engine(export: ExportResult, export_dir: Path, session: Any) -> Engine:
+    """The task's engine for a variant of this export, as a serving node opens it: the export's
+    section, tensors and shared files (the tokenizer), the default limits, the bundle's default
+    image decode (no variant yet: its parity is what is being measured)."""
+
+    files = {name: (Path(export_dir) / name).read_bytes() for name in export.extra_files}
+    signature = export.signature()
+    context = EngineContext(
+        settings=export.settings(), signature=signature, sizes=export.sizes(), session=session, files=files
+    )
+    return get_engine(export.task).open(context)

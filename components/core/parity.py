@@ -12,11 +12,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.artifacts import ExportResult, OptimizeResult, ParityReport, load_arrays
+from ortpack.components.core.artifacts import ExportResult, OptimizeResult, ParityReport, export_engine, load_arrays
 from ortpack.components.core.errors import one_line
 from ortpack.components.core.specs import ParityThresholds, get_target
 from ortpack.components.core.tasks import get_family
-from ortpack.kernel.engine import Engine, EngineContext
 from ortpack.kernel.engines import get_engine
 from ortpack.kernel.hardware import this_machine
 from ortpack.kernel.probe import PROBE_FILE, Probe, check_probe
@@ -83,19 +82,6 @@ def check_parity(
     )
     log.info("validate %s: %s (%s)", variant_id, "PASS" if result.passed else "MISS", shown)
     return result
-
-
-def export_engine(export: ExportResult, export_dir: Path, session: Any) -> Engine:
-    """The task's engine for a variant of this export, as a serving node opens it: the export's
-    section, tensors and shared files (the tokenizer), the default limits, the bundle's default
-    image decode (no variant yet: its parity is what is being measured)."""
-
-    files = {name: (Path(export_dir) / name).read_bytes() for name in export.extra_files}
-    signature = export.signature()
-    context = EngineContext(
-        settings=export.settings(), signature=signature, sizes=export.sizes(), session=session, files=files
-    )
-    return get_engine(export.task).open(context)
 
 
 def probe_on_this_machine(

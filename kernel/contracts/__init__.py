@@ -3,18 +3,24 @@ its data: the manifest section it writes and reads, the numbers that gate it and
 plugin serves it. The bundle's Manifest is a union of the registered sections keyed by task, the
 gate is each task's own table, and the server finds a task's plugin here.
 
-Contracts are registered in `_registry` below (explicitly: no import side effects). The pipeline's
+Contracts are registered in `CONTRACTS` below (explicitly: no import side effects). The pipeline's
 side of a task (its exporter, comparison, int8 recipes) is its family in components/core/tasks/.
 """
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import import_module
 from typing import Annotated, Any, Union
 
 from pydantic import Field
 
+from ortpack.kernel.contracts import (
+    image_classification,
+    image_embedding,
+    object_detection,
+    text_classification,
+    text_embedding,
+    token_classification,
+)
 from ortpack.kernel.contracts.base import (
     TaskContract,
     TaskOptions,
@@ -48,21 +54,23 @@ class UnknownTaskError(ValueError):
     """A task name no contract is registered for."""
 
 
-# The registered tasks: each is kernel/contracts/<module>.py, whose CONTRACT it is (in this order)
-TASK_MODULES = (
-    "text_embedding",
-    "image_classification",
-    "text_classification",
-    "token_classification",
-    "object_detection",
-    "image_embedding",
-)
+# The registered tasks, one line each: kernel/contracts/<module>.py's CONTRACT (in this order;
+# imported here, so a reader and tests/test_import_boundary.py see every task's edges)
+CONTRACTS: dict[str, TaskContract] = {
+    contract.name: contract
+    for contract in (
+        text_embedding.CONTRACT,
+        image_classification.CONTRACT,
+        text_classification.CONTRACT,
+        token_classification.CONTRACT,
+        object_detection.CONTRACT,
+        image_embedding.CONTRACT,
+    )
+}
 
 
-@cache
 def _registry() -> dict[str, TaskContract]:
-    contracts = [import_module(f"ortpack.kernel.contracts.{module}").CONTRACT for module in TASK_MODULES]
-    return {c.name: c for c in contracts}
+    return CONTRACTS
 
 
 def get_contract(name: str) -> TaskContract:

@@ -4,9 +4,11 @@ A `TaskFamily` holds its exporter, its I/O contract (the signature check of a bu
 its outputs are compared with PyTorch and the default gates, benchmark inputs, its int8 recipe,
 its transformer fusions (if any), its probe set and its report columns. The steps (export,
 optimize, validate, benchmark, package, report) ask the family and never compare task names.
-Adding a task is one module here, one in serving/tasks/, and their tests.
+Adding a task is five modules (its contract and engine in the kernel, its family and exporter
+here, its serving plugin) and one registry line per side (kernel/contracts/__init__.py and
+`FAMILIES` below), with their tests (docs/architecture.md).
 
-Families are registered explicitly in `_registry` (no import side effects). Modules here import
+Families are registered explicitly in `FAMILIES` (no import side effects). Modules here import
 only numpy and the library at import time; torch and onnxruntime load inside functions, so the
 registry is cheap to consult (the CLI validates options with it before any heavy work).
 
@@ -17,33 +19,41 @@ its contract's (kernel/contracts/<task>.py: `ExportSpec` checks them).
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from ortpack.components.core.errors import InvalidSpecError, did_you_mean
 from ortpack.components.core.specs import unknown_task
+from ortpack.components.core.tasks import (
+    image_classification,
+    image_embedding,
+    object_detection,
+    text_classification,
+    text_embedding,
+    token_classification,
+)
 from ortpack.components.core.tasks.family import TaskFamily
 
 if TYPE_CHECKING:
     from ortpack.components.core.specs import BuildSpec, ExportSpec, ParityThresholds
 
 
-# The registered families: each is components/core/tasks/<module>.py, whose FAMILY it is
-FAMILY_MODULES = (
-    "text_embedding",
-    "image_classification",
-    "text_classification",
-    "token_classification",
-    "object_detection",
-    "image_embedding",
-)
+# The registered families, one line each: components/core/tasks/<module>.py's FAMILY (imported here,
+# so a reader and tests/test_import_boundary.py see every task's edges)
+FAMILIES: dict[str, TaskFamily] = {
+    family.name: family
+    for family in (
+        text_embedding.FAMILY,
+        image_classification.FAMILY,
+        text_classification.FAMILY,
+        token_classification.FAMILY,
+        object_detection.FAMILY,
+        image_embedding.FAMILY,
+    )
+}
 
 
-@cache
 def _registry() -> dict[str, TaskFamily]:
-    families = [import_module(f"ortpack.components.core.tasks.{module}").FAMILY for module in FAMILY_MODULES]
-    return {f.name: f for f in families}
+    return FAMILIES
 
 
 def get_family(task: str) -> TaskFamily:

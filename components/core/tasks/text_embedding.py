@@ -13,12 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.artifacts import load_arrays
-from ortpack.components.core.compat import compare_rows, cross_space_recall
+from ortpack.components.core.artifacts import export_engine, load_arrays
 from ortpack.components.core.exporters.families import FAMILIES
 from ortpack.components.core.graph_recipes import fuse_graph, quantize_int8_dynamic
 from ortpack.components.core.int8_search import Candidate, Judged, search, session
-from ortpack.components.core.parity import export_engine
 from ortpack.components.core.recipes import (
     DYNAMIC_INT8_RECIPES,
     PER_CHANNEL,
@@ -32,6 +30,7 @@ from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.timing import synthetic_text_batch, text_bench_shapes
 from ortpack.components.core.validation_data import retrieval_queries, validation_sentences
+from ortpack.components.core.vectors import compare_rows, cross_space_recall
 from ortpack.kernel.contracts.text_embedding import CONTRACT, OUTPUT
 from ortpack.kernel.engine import as_items, stack
 from ortpack.kernel.gates import cosine_rows, gate, neighbour_overlap
