@@ -335,24 +335,31 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any
                 )
             return await super().on_tick(counter)
 
-    uv_config = uvicorn.Config(
-        serving_app(service, config, on_ready),
+    server = Server(uvicorn_config(serving_app(service, config, on_ready), protocol_class(limits), config))
+    server.run(sockets=sockets)
+    log.info("stopped: every accepted request answered")
+    return 0 if server.started else 1
+
+
+def uvicorn_config(app: Any, protocol: Any, config: Any) -> Any:
+    """uvicorn's settings for the app: ortpack's HTTP protocol (its connection limits), no
+    websockets, no access log (the app logs), keep-alive and drain timeouts from the options."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
         loop="auto",  # uvloop when installed (measured ~10% more throughput than asyncio's loop)
-        http=protocol_class(limits),
+        http=protocol,
         ws="none",
         lifespan="on",
         access_log=False,
         log_config=None,
-        timeout_keep_alive=config.timeout_keep_alive_s,  # type: ignore[arg-type]
-        timeout_graceful_shutdown=config.drain_timeout_s,  # type: ignore[arg-type]
+        timeout_keep_alive=config.timeout_keep_alive_s,
+        timeout_graceful_shutdown=config.drain_timeout_s,
         backlog=min(2048, max(128, config.max_connections)),
         server_header=False,
         date_header=False,
     )
-    server = Server(uv_config)
-    server.run(sockets=sockets)
-    log.info("stopped: every accepted request answered")
-    return 0 if server.started else 1
 
 
 if __name__ == "__main__":

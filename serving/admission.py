@@ -12,7 +12,7 @@ behind it still finish in time. What a request costs and how fast the engine goe
   units: padded tokens, pixels), fitted by least squares to the batches run, recent ones weighted
   more (each observation decays the others by `DECAY`); seeded by the warm-up, which runs every
   shape before ready. `a` is the call's fixed cost, `b` the cost per unit.
-- `Queue.admit`: the new request's predicted finish is now plus the work ahead of it plus its own,
+- `admit`: the new request's predicted finish is now plus the work ahead of it plus its own,
   spread over the workers; admitted when that is within `SAFETY` of its remaining budget and every
   request behind it still is. A refusal says how long until enough has drained (`Retry-After`).
 

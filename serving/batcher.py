@@ -57,12 +57,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ortpack.serving import context
 from ortpack.serving.admission import BatchTimes, Planned, Verdict, admit
-from ortpack.serving.context import RequestContext
 from ortpack.serving.errors import (
     DeadlineExceededError,
     InferenceError,
@@ -71,6 +69,7 @@ from ortpack.serving.errors import (
     PayloadTooLargeError,
     ServeError,
 )
+from ortpack.serving.queued import BatchStats, Entry, Job, Request, Slice
 
 log = logging.getLogger("ortpack.serve")
 # A request let in before its body was read (its work estimated from its size) is checked again
@@ -84,71 +83,6 @@ class Backend(Protocol):
     -> one result per payload, in order."""
 
     def run(self, payloads: Sequence[Any]) -> Sequence[Any]: ...
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One client request: its rows fill in as batches finish; the future resolves when all did."""
-
-    future: asyncio.Future[list[Any]]
-    rows: list[Any]
-    remaining: int  # rows not yet computed
-    queued: int  # items still waiting in the queue
-    enqueued: float
-    turn: float  # when it last started waiting for a batch: arrival, then each batch's end
-    slices: dict[Hashable, Slice] = field(default_factory=dict)  # its queued items, by bucket
-    running: int = 0  # its batches on the workers now
-    context: RequestContext | None = None
-    deadline: float = math.inf  # on the batcher's clock
-    fast: bool = False  # the fast lane: its work is predicted to take at most `fast_s`
-    cost_left: float = 0.0  # the cost of its items not yet cut into a batch (admission's units)
-    # Wall-clock timings (time.perf_counter, whatever the batcher's scheduling clock): queued, the
-    # start of its first model call, the end of its last one, model seconds summed over its batches.
-    queued_at: float = 0.0
-    first_start: float = 0.0
-    last_end: float = 0.0
-    model_s: float = 0.0
-
-    def key(self) -> tuple[bool, float, float]:
-        """Scheduling order: the fast lane first, then the earliest deadline, then arrival."""
-        return (not self.fast, self.deadline, self.enqueued)
-
-
-@dataclass(slots=True, eq=False)
-class Slice:
-    """One request's items waiting in one bucket: (index in the request, payload, cost)."""
-
-    request: Request
-    items: deque[tuple[int, Any, float]]
-
-
-# One item of a cut batch: its request, its index there, its payload.
-Entry = tuple[Request, int, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One cut batch on its way to a worker thread."""
-
-    bucket: Hashable
-    batch: list[Entry]
-    dispatched: float  # on the batcher's clock
-    lone: bool  # run on the lone backend (every core), not a one-thread worker session
-    cost: float = 0.0  # the batch's cost (padded: the longest item x the items)
-
-
-@dataclass(frozen=True, slots=True)
-class BatchStats:
-    """What one model call did, for metrics: bucket, size, seconds, padded and real tokens (0 for
-    payloads that are not token ids, such as images)."""
-
-    bucket: Hashable
-    size: int
-    seconds: float  # the model call alone, timed on the worker thread
-    queue_wait: float
-    real_tokens: int
-    padded_tokens: int
-    threads: int = 1  # intra-op threads of the session that ran it (more for a lone batch)
 
 
 class Batcher:
@@ -392,19 +326,7 @@ class Batcher:
             fast=fast,
             cost_left=cost,
         )
-        slices = request.slices
-        for index, (payload, bucket, item) in enumerate(zip(payloads, buckets, costs, strict=True)):
-            piece = slices.get(bucket)
-            if piece is None:
-                piece = slices[bucket] = Slice(request, deque())
-                line = self.lines.get(bucket)
-                if line is None:
-                    line = self.lines[bucket] = {}
-                line[request] = piece
-            piece.items.append((index, payload, item))
-            self.counts[bucket] = self.counts.get(bucket, 0) + 1
-        self.active[request] = None
-        self.depth += n
+        self._enqueue(request, payloads, buckets, costs)
         self._dispatch()  # a worker is idle: this request's first batch is on it before we await
         timer = self._loop.call_later(
             timeout_s,
@@ -423,6 +345,21 @@ class Batcher:
                 request.future.cancel()
             if request.queued:  # the caller went away (cancelled): its queued items are dropped
                 self._release(request)
+
+    def _enqueue(
+        self, request: Request, payloads: Sequence[Any], buckets: Sequence[Hashable], costs: Sequence[float]
+    ) -> None:
+        """Put a request's items in line: each in its bucket's slice of the request."""
+        slices = request.slices
+        for index, (payload, bucket, item) in enumerate(zip(payloads, buckets, costs, strict=True)):
+            piece = slices.get(bucket)
+            if piece is None:
+                piece = slices[bucket] = Slice(request, deque())
+                self.lines.setdefault(bucket, {})[request] = piece
+            piece.items.append((index, payload, item))
+            self.counts[bucket] = self.counts.get(bucket, 0) + 1
+        self.active[request] = None
+        self.depth += len(payloads)
 
     def _release(self, request: Request) -> None:
         """Take a finished, failed or abandoned request's queued items out of the queue."""

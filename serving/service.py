@@ -282,40 +282,13 @@ def load_service(
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-verify") as pool:
         others = pool.submit(verify_others)
-        began = timeline.now()
+        began = timeline.now()  # the first session's phase counts reading the shared files
         files = {rel: read_verified(bundle_dir, manifest, rel) for rel in shared}
         names = [o.name for o in manifest.signature.outputs]
         probe = Probe.from_bytes(files[manifest.probe.file], names) if manifest.probe is not None else None
-        rejected: list[ProbeResult] = []
-        service: ModelService | None = None
-        for variant in candidates:
-            model = read_verified(bundle_dir, manifest, variant.file)
-            service, batching = _open(manifest, variant, model, files, config, metrics)
-            timeline.record("session", began)
-            del model
-            if probe is None:
-                log.warning(
-                    "bundle %s has no probe set: variant %s is not re-checked on this node", manifest.name, variant.id
-                )
-                break
-            with timeline.phase("node check"):
-                result = _node_check(service, probe, hardware, config.worker_count)
-            metrics.observe_probe(result)
-            if result.passed:
-                service.node_check = result
-                break
-            rejected.append(result)
-            if variant is candidates[-1] or config.variant != "auto":
-                break
-            log.warning(
-                "variant %s missed its gate on this node (%s): %s; trying %s",
-                variant.id,
-                hardware.int8_kernel,
-                result.summary(),
-                candidates[candidates.index(variant) + 1].id,
-            )
-            service = None
-            began = timeline.now()
+        service, batching, rejected = _first_passing(
+            bundle_dir, manifest, candidates, files, probe, config, metrics, timeline, began
+        )
         others.result()  # a tampered file anywhere refuses the start
     if service is None or (service.node_check is None and probe is not None):
         summary = " | ".join(f"{r.variant_id}: {r.summary()}" for r in rejected)
@@ -325,16 +298,7 @@ def load_service(
     service.rejected = rejected
     service.excluded = excluded
     service.timeline = timeline
-    recorded, served = service.variant.space, service.space
-    if recorded is not None and served is not None and recorded.id != served.id:
-        log.warning(
-            "variant %s: manifest.json records space %s but its files make %s (edited after packaging?); "
-            "serving it as %s",
-            service.variant.id,
-            recorded.id,
-            served.id,
-            served.id,
-        )
+    _check_space(service)
     log.info(
         "loaded %s variant %s (%s); node check %s; %d workers x %d threads; %s",
         manifest.name,
@@ -346,6 +310,68 @@ def load_service(
         batching,
     )
     return service
+
+
+def _first_passing(
+    bundle_dir: Path,
+    manifest: Manifest,
+    candidates: list[Variant],
+    files: dict[str, bytes],
+    probe: Probe | None,
+    config: ServeConfig,
+    metrics: Metrics,
+    timeline: Timeline,
+    began: float,
+) -> tuple[ModelService | None, str, list[ProbeResult]]:
+    """Open the candidates in order from their verified bytes and re-check each on this node with
+    the probe set; (the first that passes, or the last opened when there is no probe set, or
+    None; its batching; the node checks that missed). Only `--variant auto` goes on to the next
+    candidate after a miss."""
+    hardware = this_machine()
+    rejected: list[ProbeResult] = []
+    batching = ""
+    for variant in candidates:
+        model = read_verified(bundle_dir, manifest, variant.file)
+        service, batching = _open(manifest, variant, model, files, config, metrics)
+        timeline.record("session", began)
+        del model
+        if probe is None:
+            log.warning(
+                "bundle %s has no probe set: variant %s is not re-checked on this node", manifest.name, variant.id
+            )
+            return service, batching, rejected
+        with timeline.phase("node check"):
+            result = _node_check(service, probe, hardware, config.worker_count)
+        metrics.observe_probe(result)
+        if result.passed:
+            service.node_check = result
+            return service, batching, rejected
+        rejected.append(result)
+        if variant is candidates[-1] or config.variant != "auto":
+            break
+        log.warning(
+            "variant %s missed its gate on this node (%s): %s; trying %s",
+            variant.id,
+            hardware.int8_kernel,
+            result.summary(),
+            candidates[candidates.index(variant) + 1].id,
+        )
+        began = timeline.now()
+    return None, batching, rejected
+
+
+def _check_space(service: ModelService) -> None:
+    """Warn when the embedding space the manifest records is not the one the served files make."""
+    recorded, served = service.variant.space, service.space
+    if recorded is not None and served is not None and recorded.id != served.id:
+        log.warning(
+            "variant %s: manifest.json records space %s but its files make %s (edited after packaging?); "
+            "serving it as %s",
+            service.variant.id,
+            recorded.id,
+            served.id,
+            served.id,
+        )
 
 
 def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeConfig) -> dict[str, list[str]]:
