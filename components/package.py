@@ -4,7 +4,7 @@ the run when none passed; publishing the bundle."""
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
-from ortpack.components.images import COMPONENT_IMAGE
+from ortpack.components.container_images import COMPONENT_IMAGE
 
 
 @dsl.component(base_image=COMPONENT_IMAGE, install_kfp_package=False)

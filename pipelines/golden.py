@@ -27,9 +27,9 @@ class GraphOptions:
     """What shapes the compiled YAML (everything else is a run-time parameter)."""
 
     targets: tuple[str, ...] = ("cpu",)
-    image: str | None = None  # None: ortpack.components.images.COMPONENT_IMAGE
-    gpu_image: str | None = None  # None: ortpack.components.images.GPU_COMPONENT_IMAGE
-    steps_image: str | None = None  # None: ortpack.components.images.steps_image_for(image)
+    image: str | None = None  # None: ortpack.components.container_images.COMPONENT_IMAGE
+    gpu_image: str | None = None  # None: ortpack.components.container_images.GPU_COMPONENT_IMAGE
+    steps_image: str | None = None  # None: ortpack.components.container_images.steps_image_for(image)
     model_pvc: str | None = None
     gpu_timeout_s: int = 2 * 3600  # ortpack.pipelines.package_model.GPU_TIMEOUT_S
     cache: bool = True  # False: no step is served from cache (--no-cache)

@@ -33,8 +33,7 @@ from kfp import dsl, kubernetes
 from kfp.dsl.pipeline_channel import PipelineChannel
 
 from ortpack.components.benchmark import benchmark_variant
-from ortpack.components.export import export_model
-from ortpack.components.images import (
+from ortpack.components.container_images import (
     COMPONENT_IMAGE,
     GPU_COMPONENT_IMAGE,
     GPU_ORT_VERSION,
@@ -42,6 +41,7 @@ from ortpack.components.images import (
     STEPS_IMAGE,
     steps_image_for,
 )
+from ortpack.components.export import export_model
 from ortpack.components.optimize import optimize_variant
 from ortpack.components.package import check_gate, package_bundle, publish_bundle
 from ortpack.components.source import resolve_source

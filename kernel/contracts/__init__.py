@@ -3,24 +3,17 @@ its data: the manifest section it writes and reads, the numbers that gate it and
 plugin serves it. The bundle's Manifest is a union of the registered sections keyed by task, the
 gate is each task's own table, and the server finds a task's plugin here.
 
-Contracts are registered in `CONTRACTS` below (explicitly: no import side effects). The pipeline's
+Contracts are registered in `_registry` below (explicitly: no import side effects). The pipeline's
 side of a task (its exporter, comparison, int8 recipes) is its family in components/core/tasks/.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from ortpack.kernel.contracts import (
-    image_classification,
-    image_embedding,
-    object_detection,
-    text_classification,
-    text_embedding,
-    token_classification,
-)
 from ortpack.kernel.contracts.base import (
     TaskContract,
     TaskOptions,
@@ -54,11 +47,22 @@ class UnknownTaskError(ValueError):
     """A task name no contract is registered for."""
 
 
-# The registered tasks, one line each: kernel/contracts/<module>.py's CONTRACT (in this order;
-# imported here, so a reader and tests/test_import_boundary.py see every task's edges)
-CONTRACTS: dict[str, TaskContract] = {
-    contract.name: contract
-    for contract in (
+@cache
+def _registry() -> dict[str, TaskContract]:
+    """The registered tasks, one line each: kernel/contracts/<module>.py's CONTRACT, in this order.
+    Imported by name in the code (a reader and tests/test_import_boundary.py see every task's
+    edges) but on first use: the contracts' gate tables pull numpy, which compiling the pipeline
+    never needs."""
+    from ortpack.kernel.contracts import (
+        image_classification,
+        image_embedding,
+        object_detection,
+        text_classification,
+        text_embedding,
+        token_classification,
+    )
+
+    contracts = (
         text_embedding.CONTRACT,
         image_classification.CONTRACT,
         text_classification.CONTRACT,
@@ -66,11 +70,7 @@ CONTRACTS: dict[str, TaskContract] = {
         object_detection.CONTRACT,
         image_embedding.CONTRACT,
     )
-}
-
-
-def _registry() -> dict[str, TaskContract]:
-    return CONTRACTS
+    return {contract.name: contract for contract in contracts}
 
 
 def get_contract(name: str) -> TaskContract:

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ortpack.components.container_images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV, STEPS_IMAGE_ENV
 from ortpack.components.core.build import export_parameters, export_spec_from_parameters
 from ortpack.components.core.errors import InvalidSpecError
 from ortpack.components.core.sources import check_local_file
 from ortpack.components.core.specs import parse_threshold_overrides
 from ortpack.components.core.tasks import resolve_model_source
-from ortpack.components.images import COMPONENT_IMAGE, GPU_IMAGE_ENV, IMAGE_ENV, STEPS_IMAGE_ENV
 from ortpack.kernel.contracts import DEFAULT_TASK, contract_names, get_contract
 from ortpack.pipelines.defaults import COMPATIBILITY_BUDGET, GPU_TIMEOUT_S, MODEL_MOUNT
 

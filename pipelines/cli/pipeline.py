@@ -11,10 +11,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ortpack.components.container_images import (
+    COMPONENT_IMAGE,
+    IMAGE_ENV,
+    STEPS_IMAGE_ENV,
+    check_image,
+    steps_image_for,
+)
 from ortpack.components.core.errors import InvalidSpecError, one_line
 from ortpack.components.core.report import format_summary
 from ortpack.components.core.specs import get_target
-from ortpack.components.images import COMPONENT_IMAGE, IMAGE_ENV, STEPS_IMAGE_ENV, check_image, steps_image_for
 from ortpack.kernel.contracts import get_contract
 from ortpack.pipelines.cli.common import EXIT_GATE, log
 from ortpack.pipelines.cli.options import (

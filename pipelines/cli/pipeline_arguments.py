@@ -9,12 +9,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortpack.components.container_images import GPU_IMAGE_ENV, IMAGE_ENV, STEPS_IMAGE_ENV, check_image, gpu_image_for
 from ortpack.components.core.build import export_spec_from_parameters, pipeline_parameters, resolve_version
 from ortpack.components.core.errors import InvalidSpecError
 from ortpack.components.core.sources import check_local_file, check_uri, default_name, is_remote, uri_scheme
 from ortpack.components.core.specs import BuildSpec, variant_grid
 from ortpack.components.core.tasks import check_build_spec, resolve_model_source
-from ortpack.components.images import GPU_IMAGE_ENV, IMAGE_ENV, STEPS_IMAGE_ENV, check_image, gpu_image_for
 from ortpack.kernel.bundle import MANIFEST_NAME, read_manifest
 from ortpack.kernel.contracts import get_contract, space_tasks
 from ortpack.kernel.oci import OciReference

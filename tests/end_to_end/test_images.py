@@ -1,5 +1,5 @@
 """The component and serving Dockerfiles, read without an engine (tests/end_to_end/test_containers.py builds
-and runs them): their pins agree with pyproject.toml and components/images.py, TORCH=cpu takes torch
+and runs them): their pins agree with pyproject.toml and components/container_images.py, TORCH=cpu takes torch
 from the CPU wheel index and refuses CUDA packages, no step installs anything at run time."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _pin(requirements: list[str], package: str) -> str:
 
 
 def test_component_image_pins_match_the_project() -> None:
-    from ortpack.components.images import GPU_ORT_VERSION, ORT_VERSION
+    from ortpack.components.container_images import GPU_ORT_VERSION, ORT_VERSION
 
     export = _extra("export")
     assert _arg("Dockerfile.component", "TORCH_VERSION") == _pin(export, "torch")

@@ -111,7 +111,7 @@ def test_loops_and_conditions_have_no_display_names(targets: tuple[str, ...], tm
 
 
 def test_only_resolve_and_export_run_on_the_torch_image_and_nothing_installs() -> None:
-    from ortpack.components.images import COMPONENT_IMAGE, STEPS_IMAGE
+    from ortpack.components.container_images import COMPONENT_IMAGE, STEPS_IMAGE
 
     (doc, *_) = _docs(COMPILED)
     by_image: dict[str, set[str]] = {}
@@ -140,7 +140,7 @@ def test_only_resolve_and_export_run_on_the_torch_image_and_nothing_installs() -
     ],
 )
 def test_steps_image_beside_a_component_image(component: str, steps: str) -> None:
-    from ortpack.components.images import steps_image_for
+    from ortpack.components.container_images import steps_image_for
 
     assert steps_image_for(component) == steps
 
@@ -220,9 +220,9 @@ def test_retries_and_cache_policy() -> None:
 def test_cache_key_includes_the_onnxruntime_version() -> None:
     import onnxruntime
 
-    from ortpack.components.images import ORT_VERSION
+    from ortpack.components.container_images import ORT_VERSION
 
-    assert ORT_VERSION == onnxruntime.__version__, "components/images.py must name the pinned onnxruntime"
+    assert ORT_VERSION == onnxruntime.__version__, "components/container_images.py must name the pinned onnxruntime"
     golden = json.loads(COMPONENT_IO.read_text())
     for step in ("optimize-variant", "validate-variant", "benchmark-variant"):
         assert golden[step]["inputs"]["ort_version"]["optional"] is False
@@ -264,7 +264,7 @@ def test_publish_runs_only_after_the_gate_and_only_when_asked() -> None:
 
 
 def test_cuda_is_off_by_default_and_gpu_steps_are_parameterized(gpu_docs: list[dict[str, Any]]) -> None:
-    from ortpack.components.images import GPU_COMPONENT_IMAGE, GPU_ORT_VERSION
+    from ortpack.components.container_images import GPU_COMPONENT_IMAGE, GPU_ORT_VERSION
 
     text = COMPILED.read_text()
     assert "nvidia.com/gpu" not in text and "accelerator" not in text and "for-loop-2" not in text

@@ -2,7 +2,7 @@
 the compressed layers), what a node pulls for one pipeline run, and each serving image's cold
 start (`run` to /v2/health/ready answering 200, every check on) for each bundle.
 
-    python bench/images.py --bundle dist/mobilenet_v3_small --bundle dist/all-MiniLM-L6-v2
+    python bench/container_images.py --bundle dist/mobilenet_v3_small --bundle dist/all-MiniLM-L6-v2
         [--before localhost/before/ortpack-serve:0.1.0] [--runs 5] [--engine podman]
 
 Needs the images (`make images`) and the bundles (`make run`, `ortpack run --model
