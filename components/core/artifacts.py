@@ -44,15 +44,6 @@ class _Record:
         return cls(**{k: v for k, v in raw.items() if k in names})
 
 
-def load_arrays(path: Path) -> dict[str, Any]:
-    """Every array of an .npz file, read once. (An NpzFile decompresses an array again on each
-    `npz[name]`: a gate that slices its reference batch by batch spent 80% of its time there.)"""
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
-
-
 @dataclass(frozen=True, kw_only=True)
 class ExportResult(_Record):
     """A raw ONNX export, its tokenizer, and the PyTorch reference outputs for parity."""

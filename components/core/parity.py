@@ -12,8 +12,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.artifacts import ExportResult, OptimizeResult, ParityReport, export_engine, load_arrays
+from ortpack.components.core.artifacts import ExportResult, OptimizeResult, ParityReport, export_engine
 from ortpack.components.core.errors import one_line
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds, get_target
 from ortpack.components.core.tasks import get_family
 from ortpack.kernel.engines import get_engine
@@ -40,7 +41,7 @@ def check_parity(
     """
 
     reference_path = Path(reference_path)
-    ref = load_arrays(reference_path)
+    ref = Reference.load(reference_path)
     task = str(ref["task"])
     family = get_family(task)
     signature = ExportResult.load(reference_path.parent).signature()

@@ -51,6 +51,7 @@ from ortpack.components.core.exporters.image_models import (
     load_image_network,
     parse_image_source,
 )
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
@@ -203,20 +204,22 @@ def _write_reference(
     decode, decode_metrics, reduced_diff = choose_decode(classifier, pre, validation.files, served)
     log.info("export: the server's default decode: %s", _describe_decode(decode))
     offsets, data = pack_files(validation.files)
-    np.savez_compressed(
-        out_dir / "reference.npz",
-        task=np.array("image-classification"),
-        **validation.raw,
-        pixels=pixels,
-        outputs=probs,
-        input_names=np.array([INPUT_NAME]),
-        served_names=np.array(validation.names),
-        served_formats=np.array(validation.formats),
-        served_sizes=np.array(validation.sizes),
-        served_offsets=offsets,
-        served_data=data,
-        served_outputs=served,
-        served_reduced_diff=reduced_diff,
+    Reference.write(
+        out_dir / REFERENCE_FILE,
+        dict(
+            task=np.array("image-classification"),
+            **validation.raw,
+            pixels=pixels,
+            outputs=probs,
+            input_names=np.array([INPUT_NAME]),
+            served_names=np.array(validation.names),
+            served_formats=np.array(validation.formats),
+            served_sizes=np.array(validation.sizes),
+            served_offsets=offsets,
+            served_data=data,
+            served_outputs=served,
+            served_reduced_diff=reduced_diff,
+        ),
     )
     return decode, decode_metrics
 

@@ -46,6 +46,7 @@ from ortpack.components.core.exporters.image_common import (
 )
 from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
@@ -171,7 +172,7 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
         "retrieval_outputs": queries,
         **{f"retrieval_recall_at_{k}": np.array(v) for k, v in recall.items()},
     }
-    np.savez_compressed(out_dir / "reference.npz", allow_pickle=False, **arrays)
+    Reference.write(out_dir / REFERENCE_FILE, arrays)
     if calibration is not None:
         calibration_offsets, calibration_data = pack_files([d for _, d in calibration])
         np.savez(out_dir / CALIBRATION_FILE, offsets=calibration_offsets, data=calibration_data)

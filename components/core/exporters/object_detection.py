@@ -57,6 +57,7 @@ from ortpack.components.core.exporters.image_models import (
     load_program,
     load_weights,
 )
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
@@ -368,7 +369,7 @@ def export_object_detector(spec: ExportSpec, out_dir: Path) -> ExportResult:
         **pack_detections(served, "served"),
         **(pack_detections(grouped, "batch") if grouped else {}),
     }
-    np.savez_compressed(out_dir / "reference.npz", allow_pickle=False, **arrays)
+    Reference.write(out_dir / REFERENCE_FILE, arrays)
     total = sum(len(d[SCORES]) for d in served)
     log.info("export: %d reference detections on %d files", total, len(files))
     graph = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)

@@ -47,6 +47,7 @@ from ortpack.components.core.exporters.text_common import (
     torch_text_latency,
     weights_file,
 )
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import validation_sentences
 from ortpack.kernel.contracts.text_classification import LABEL_SIGNATURE, PAIR_SIGNATURE
@@ -161,7 +162,7 @@ def export_text_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     if not np.isfinite(outputs).all():
         raise ExportError("the PyTorch model produces non-finite outputs on the validation set")
     arrays.update(outputs=outputs, **inputs)
-    np.savez_compressed(out_dir / "reference.npz", **arrays)
+    Reference.write(out_dir / REFERENCE_FILE, arrays)
 
     torch_latency = torch_text_latency(module, names, max_length, int(config.vocab_size))
 

@@ -47,6 +47,7 @@ from ortpack.components.core.exporters.text_common import (
     tokenizer_settings,
     torch_text_latency,
 )
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import validation_sentences
 from ortpack.kernel.contracts import TextOptions
@@ -420,7 +421,7 @@ def _write_reference(module: SentenceEmbedding, tokenizer: Any, max_length: int,
         "input_names": np.array(module.input_names),
         **inputs,
     }
-    np.savez_compressed(out_dir / "reference.npz", **arrays)
+    Reference.write(out_dir / REFERENCE_FILE, arrays)
     return len(texts)
 
 

@@ -42,6 +42,7 @@ from ortpack.components.core.exporters.text_common import (
     torch_text_latency,
     weights_file,
 )
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import validation_sentences
 from ortpack.kernel.contracts.token_classification import OUTPUT, SIGNATURE, TokenOptions
@@ -127,7 +128,7 @@ def export_token_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
         raise ExportError("the PyTorch model produces non-finite outputs on the validation set")
     outputs = pad_rows(rows, max_length, classes)
     arrays: dict[str, Any] = {"task": np.array(spec.task), "input_names": np.array(names), "texts": np.array(texts)}
-    np.savez_compressed(out_dir / "reference.npz", **{**arrays, **inputs, "outputs": outputs})
+    Reference.write(out_dir / REFERENCE_FILE, {**arrays, **inputs, "outputs": outputs})
 
     torch_latency = torch_text_latency(module, names, max_length, int(config.vocab_size))
 

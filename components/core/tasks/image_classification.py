@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.artifacts import load_arrays
 from ortpack.components.core.exporters.image_models import parse_image_source
 from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
@@ -190,7 +190,7 @@ def served_path(session: Any, ref: Any, export_dir: Path) -> dict[str, float]:
     (this variant's outputs with reduced against exact decoding, on the files it reduces: what
     the decode gate, `ortpack.kernel.images.DECODE_GATE`, judges) and `decode.reduced.min_side`."""
 
-    files = unpack_files(ref["served_offsets"], ref["served_data"])
+    files = ref.served_files()
     expected = ref["served_outputs"].astype(np.float64)
     preprocessing = json.loads((export_dir / "export.json").read_text())["task_settings"]["preprocessing"]
     side = int(preprocessing.get("decode_min_side", 0))
@@ -234,7 +234,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     Returns the recipe, every candidate's numbers and the layers kept in float."""
     images = calibration_images(export_dir)
     thresholds = THRESHOLDS["int8"].as_dict()
-    ref = load_arrays(export_dir / export.reference_file)  # read once, not per candidate
+    ref = Reference.load(export_dir / export.reference_file)  # read once, not per candidate
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
         values = compare(_session(candidate, DISABLED_OPTIMIZERS), ref, export_dir).values
@@ -269,7 +269,7 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
 
     side = int(export.task_settings["preprocessing"].get("decode_min_side", 0))
     with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
-        files = unpack_files(ref["served_offsets"], ref["served_data"])
+        files = ref.served_files()
         outputs, changed = ref["served_outputs"], ref["served_reduced_diff"]
         formats, short = [str(f) for f in ref["served_formats"]], ref["served_sizes"].min(axis=1)
     small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES]

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.artifacts import load_arrays
 from ortpack.components.core.exporters.hf_vision import hf_vision_type
 from ortpack.components.core.exporters.image_models import parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
 from ortpack.components.core.int8_search import session
 from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
@@ -96,7 +96,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
         scopes["b8"] = embedding_metrics(ref["outputs"][index], batched)
         batch_diff = float(np.abs(batched - single[index]).max())
     decoder = ImageDecoder(max_pixels=1 << 40)
-    files = unpack_files(ref["served_offsets"], ref["served_data"])
+    files = ref.served_files()
     served = np.concatenate([_run(session, [decoder.decode(f, "validation file")]) for f in files])
     scopes["served.exact"] = embedding_metrics(ref["served_outputs"], served)
     copies = unpack_files(ref["retrieval_offsets"], ref["retrieval_data"])
@@ -151,7 +151,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     returned to float until it passes (components/core/static_int8.py; else the best retrieval is
     kept). A pinned `recipe` is built alone."""
     images = calibration_images(export_dir)
-    ref = load_arrays(export_dir / export.reference_file)
+    ref = Reference.load(export_dir / export.reference_file)
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
         values = compare(session(candidate), ref, export_dir).values
@@ -165,8 +165,8 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """Up to PROBE_IMAGES small encoded validation files, spread over the set, with PyTorch's vectors."""
-    ref = load_arrays(export_dir / export.reference_file)
-    files = unpack_files(ref["served_offsets"], ref["served_data"])
+    ref = Reference.load(export_dir / export.reference_file)
+    files = ref.served_files()
     small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES] or list(range(len(files)))
     picked = small[:: max(1, len(small) // PROBE_IMAGES)][:PROBE_IMAGES]
     return Probe(

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.artifacts import load_arrays
 from ortpack.components.core.int8_search import session
 from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
@@ -81,7 +81,7 @@ def export(spec: ExportSpec, out_dir: Path) -> ExportResult:
     return export_object_detector(spec, out_dir)
 
 
-def detections(ref: dict[str, Any], prefix: str) -> list[Item]:
+def detections(ref: Reference | dict[str, Any], prefix: str) -> list[Item]:
     """The reference's per-image detections written by the exporter (`<prefix>_ends`, ...)."""
     ends = ref[f"{prefix}_ends"]
     items = []
@@ -114,7 +114,7 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
     thresholds = _settings(export_dir)["thresholds"]
     top, floor = int(thresholds["max_detections"]), float(thresholds["score"])
     decoder = ImageDecoder(max_pixels=1 << 40)
-    files = unpack_files(ref["served_offsets"], ref["served_data"])
+    files = ref.served_files()
     expected = detections(ref, "served")
     got = [_run(session, [decoder.decode(f, "validation file")], top)[0] for f in files]
     scopes = {"served": detection_metrics(expected, got, floor)}
@@ -174,10 +174,12 @@ def calibration_images(export_dir: Path) -> list[np.ndarray]:
     them): a detector's activations on generated images are not its activations on photos."""
     decoder = ImageDecoder(max_pixels=1 << 40)
     path = Path(export_dir) / CALIBRATION_FILE
-    source = np.load(path) if path.is_file() else load_arrays(Path(export_dir) / "reference.npz")
-    offsets = source["offsets"] if path.is_file() else source["served_offsets"]
-    data = source["data"] if path.is_file() else source["served_data"]
-    return [decoder.decode(f, "calibration image") for f in unpack_files(offsets, data)]
+    if path.is_file():
+        with np.load(path) as packed:
+            files = unpack_files(packed["offsets"], packed["data"])
+    else:
+        files = Reference.load(Path(export_dir) / REFERENCE_FILE).served_files()
+    return [decoder.decode(f, "calibration image") for f in files]
 
 
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
@@ -187,7 +189,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
     layers returned to float until it passes (components/core/static_int8.py; else the best
     matched F1 is kept). A pinned `recipe` is built alone."""
     images = calibration_images(export_dir)
-    ref = load_arrays(export_dir / export.reference_file)
+    ref = Reference.load(export_dir / export.reference_file)
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
         values = compare(session(candidate), ref, export_dir).values
@@ -201,8 +203,8 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """Up to 12 small validation files, those PyTorch finds something in first, with its detections."""
-    ref = load_arrays(export_dir / export.reference_file)
-    files = unpack_files(ref["served_offsets"], ref["served_data"])
+    ref = Reference.load(export_dir / export.reference_file)
+    files = ref.served_files()
     items = detections(ref, "served")
     small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES] or list(range(len(files)))
     found = [i for i in small if len(items[i][SCORES])]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.artifacts import export_engine, load_arrays
+from ortpack.components.core.artifacts import export_engine
 from ortpack.components.core.exporters.families import FAMILIES
 from ortpack.components.core.graph_recipes import fuse_graph, quantize_int8_dynamic
 from ortpack.components.core.int8_search import Candidate, Judged, search, session
@@ -25,6 +25,7 @@ from ortpack.components.core.recipes import (
     dynamic_recipe,
     dynamic_recipe_names,
 )
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.sources import resolve_checkpoint
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
@@ -182,7 +183,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         [candidate(r) for r in list(recipes.values())],
         dst,
         judge=judge,
-        confirm=partial(_whole_gate, load_arrays(export_dir / export.reference_file), export_dir),
+        confirm=partial(_whole_gate, Reference.load(export_dir / export.reference_file), export_dir),
         feeds={shape: feeds for shape, (_, feeds) in bench_feeds(export).items()},
         fallback=lambda row: (row.get("recall_at_10", 0.0), row.get("probe_min_cosine", 0.0)),
         expand=smaller,
