@@ -21,6 +21,7 @@ import numpy as np
 
 from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.tasks import check_export_spec, get_family
 from ortpack.kernel.bundle import BundleError, check_task_settings
@@ -73,8 +74,8 @@ def export_model(
         check_task_settings(result.task, result.task_settings)
     except BundleError as exc:
         raise ExportError(f"the {spec.task} exporter wrote an invalid manifest section: {exc}") from None
-    with np.load(out_dir / result.reference_file, allow_pickle=False) as ref:
-        spread = output_spread(ref["outputs"])
+    ref = Reference.load(out_dir / result.reference_file)
+    spread = output_spread(ref["outputs"])
     if spread < MIN_SPREAD:
         message = (
             f"the PyTorch reference is degenerate: its outputs barely vary across the validation set "

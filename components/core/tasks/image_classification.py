@@ -268,10 +268,10 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     decisive ones where there are enough."""
 
     side = int(export.task_settings["preprocessing"].get("decode_min_side", 0))
-    with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
-        files = ref.served_files()
-        outputs, changed = ref["served_outputs"], ref["served_reduced_diff"]
-        formats, short = [str(f) for f in ref["served_formats"]], ref["served_sizes"].min(axis=1)
+    ref = Reference.load(export_dir / export.reference_file)
+    files = ref.served_files()
+    outputs, changed = ref["served_outputs"], ref["served_reduced_diff"]
+    formats, short = [str(f) for f in ref["served_formats"]], ref["served_sizes"].min(axis=1)
     small = [i for i, f in enumerate(files) if len(f) <= PROBE_MAX_BYTES]
     # files PyTorch classifies decisively, when there are enough: a node's numbers are checked on
     # what they decide, not on coin flips between two classes (kernel/gates.py DECISIVE_MARGIN)

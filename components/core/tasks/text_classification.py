@@ -17,6 +17,7 @@ import numpy as np
 
 import ortpack.components.core.tasks.text_embedding as text
 from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.kernel.contracts.text_classification import CONTRACT
@@ -99,20 +100,20 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """Classifiers: 48 varied texts (as text-embedding picks them). Cross-encoders: whole queries
     (all their documents, so rank agreement is measurable), 48 pairs."""
-    with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
-        texts = [str(t) for t in ref["texts"]]
-        outputs = ref["outputs"]
-        name = export.signature().outputs[0].name
-        if "texts_pair" not in ref:
-            picked = text.select_indices(texts, ref["lengths"], PROBE_ITEMS)
-            inputs = [texts[i] for i in picked]
-            return Probe(task=export.task, kind="texts", inputs=inputs, outputs=as_items(name, outputs[picked]))
-        pairs = [str(t) for t in ref["texts_pair"]]
-        groups = ref["groups"]
-        chosen = np.unique(groups)[:: max(1, len(np.unique(groups)) // (PROBE_ITEMS // 8))][: PROBE_ITEMS // 8]
-        rows = [i for i in range(len(groups)) if groups[i] in set(chosen.tolist())]
-        pairs_in = [(texts[i], pairs[i]) for i in rows]
-        return Probe(task=export.task, kind="pairs", inputs=pairs_in, outputs=as_items(name, outputs[rows]))
+    ref = Reference.load(export_dir / export.reference_file)
+    texts = [str(t) for t in ref["texts"]]
+    outputs = ref["outputs"]
+    name = export.signature().outputs[0].name
+    if "texts_pair" not in ref:
+        picked = text.select_indices(texts, ref["lengths"], PROBE_ITEMS)
+        inputs = [texts[i] for i in picked]
+        return Probe(task=export.task, kind="texts", inputs=inputs, outputs=as_items(name, outputs[picked]))
+    pairs = [str(t) for t in ref["texts_pair"]]
+    groups = ref["groups"]
+    chosen = np.unique(groups)[:: max(1, len(np.unique(groups)) // (PROBE_ITEMS // 8))][: PROBE_ITEMS // 8]
+    rows = [i for i in range(len(groups)) if groups[i] in set(chosen.tolist())]
+    pairs_in = [(texts[i], pairs[i]) for i in rows]
+    return Probe(task=export.task, kind="pairs", inputs=pairs_in, outputs=as_items(name, outputs[rows]))
 
 
 def _prob_gate(thresholds: dict[str, float]) -> float | None:

@@ -302,11 +302,11 @@ def select_indices(texts: list[str], lengths: np.ndarray, count: int = PROBE_TEX
 
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
-    with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
-        texts = [str(t) for t in ref["texts"]]
-        picked = select_indices(texts, ref["lengths"])
-        rows = as_items(OUTPUT, ref["outputs"][picked])
-        return Probe(task=export.task, kind="texts", inputs=[texts[i] for i in picked], outputs=rows)
+    ref = Reference.load(export_dir / export.reference_file)
+    texts = [str(t) for t in ref["texts"]]
+    picked = select_indices(texts, ref["lengths"])
+    rows = as_items(OUTPUT, ref["outputs"][picked])
+    return Probe(task=export.task, kind="texts", inputs=[texts[i] for i in picked], outputs=rows)
 
 
 def retrieval_set() -> tuple[tuple[str, ...], tuple[str, ...]]:

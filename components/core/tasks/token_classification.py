@@ -17,6 +17,7 @@ import numpy as np
 
 import ortpack.components.core.tasks.text_embedding as text
 from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.kernel.contracts.token_classification import CONTRACT, OUTPUT, PAD, token_metrics
@@ -97,11 +98,11 @@ def compare(session: Any, ref: Any, export_dir: Path) -> Comparison:
 
 def select_probe(export: ExportResult, export_dir: Path) -> Probe:
     """48 varied texts (as text-embedding picks them) with their per-token probabilities."""
-    with np.load(export_dir / export.reference_file, allow_pickle=False) as ref:
-        texts = [str(t) for t in ref["texts"]]
-        picked = text.select_indices(texts, ref["lengths"], PROBE_ITEMS)
-        rows = as_items(OUTPUT, ref["outputs"][picked])
-        return Probe(task=export.task, kind="texts", inputs=[texts[i] for i in picked], outputs=rows)
+    ref = Reference.load(export_dir / export.reference_file)
+    texts = [str(t) for t in ref["texts"]]
+    picked = text.select_indices(texts, ref["lengths"], PROBE_ITEMS)
+    rows = as_items(OUTPUT, ref["outputs"][picked])
+    return Probe(task=export.task, kind="texts", inputs=[texts[i] for i in picked], outputs=rows)
 
 
 def _prob_gate(thresholds: dict[str, float]) -> float | None:
