@@ -185,29 +185,14 @@ def test_servers_skip_8_bit_int8_on_cpus_that_saturate() -> None:
     from ortpack.kernel.bundle import Variant
     from ortpack.kernel.hardware import HardwareInfo
     from ortpack.kernel.selection import inexact_here, rank_variants
+    from tests.models import minimal_manifest
 
     def variant(precision: str, bits: int | None) -> Variant:
+        fields = minimal_manifest()["variants"][0]  # a valid cpu-fp32 variant; this one's precision and int8
         int8 = {"recipe": f"s{bits}", "weight_bits": bits} if bits else None
-        return Variant.model_validate(
-            {
-                "id": f"cpu-{precision}",
-                "target": "cpu",
-                "execution_providers": ["CPUExecutionProvider"],
-                "precision": precision,
-                "file": f"variants/cpu-{precision}/model.onnx",
-                "ort_version": "1",
-                "opset": 17,
-                "offline_optimization_level": "extended",
-                "optimize": {"nodes_before": 1, "nodes_after": 1, "mb": 1.0, "seconds": 1.0, "int8": int8},
-                "parity": {
-                    "passed": True,
-                    "validated_on": "CPUExecutionProvider",
-                    "samples": 1,
-                    "thresholds": {},
-                    "values": {},
-                },
-            }
-        )
+        optimize = {**fields["optimize"], "int8": int8}
+        changed = {"id": f"cpu-{precision}", "precision": precision, "optimize": optimize}
+        return Variant.model_validate({**fields, **changed})
 
     avx2 = HardwareInfo(machine="x86_64", cpu_model="AVX2 only", features=("avx2", "fma"), cores=2)
     vnni = HardwareInfo(machine="x86_64", cpu_model="VNNI", features=("avx2", "avx512f", "avx512_vnni"), cores=2)
