@@ -42,16 +42,14 @@ from typing import Any
 
 import numpy as np
 
+from ortpack.components.core.graph_recipes import FP32_NODE_PREFIXES
+from ortpack.components.core.graph_recipes import fp32_nodes as blocks_kept_fp32
 from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES, StaticInt8
 from ortpack.kernel.hardware import this_machine
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
 log = logging.getLogger("ortpack.optimize")
 
-# Kept in fp32 (and out of int8): the preprocessing of image graphs (exporters.image_common, nodes
-# prefixed "pre/") and the post-processing an exporter builds after the network ("post/": box
-# decoding and NMS); graph_recipes.FP32_NODE_PREFIXES adds the text pooling block.
-FP32_PREFIXES = ("pre/", "post/")
 # The operators quantized: convolutions, and the activations folded into their output range; a
 # "wide" recipe also the operators between convolutions that ONNX Runtime has int8 kernels for
 QUANTIZED_OPS = ("Conv", "Clip", "Relu")
@@ -114,20 +112,17 @@ def prepare(src: Path, dst: Path) -> None:
 
 def quantizable_convolutions(graph: Any) -> list[str]:
     """The convolutions int8 may quantize, in graph order (not in the pre/post blocks)."""
-    return [n.name for n in graph.node if n.op_type == "Conv" and not n.name.startswith(FP32_PREFIXES)]
+    return [n.name for n in graph.node if n.op_type == "Conv" and not n.name.startswith(FP32_NODE_PREFIXES)]
 
 
 def fp32_nodes(graph: Any) -> list[str]:
-    """Nodes that stay fp32: pre/post-processing blocks, whatever produces a graph output, and the
-    network's own outputs where the post-processing reads them (a detector's boxes and class scores
-    concatenated: one int8 scale for pixel coordinates and logits left no detection standing)."""
-    outputs = {o.name for o in graph.output}
+    """Nodes that stay fp32: what fp16 keeps in fp32 too (the pre/post-processing blocks, whatever
+    produces a graph output: graph_recipes.fp32_nodes), and the network's own outputs where the
+    post-processing reads them (a detector's boxes and class scores concatenated: one int8 scale for
+    pixel coordinates and logits left no detection standing)."""
     read_by_post = {name for n in graph.node if n.name.startswith("post/") for name in n.input}
-    return [
-        n.name
-        for n in graph.node
-        if n.name.startswith(FP32_PREFIXES) or set(n.output) & outputs or set(n.output) & read_by_post
-    ]
+    read = [n.name for n in graph.node if set(n.output) & read_by_post]
+    return list(dict.fromkeys([*blocks_kept_fp32(graph), *read]))
 
 
 def quantize(
@@ -138,10 +133,12 @@ def quantize(
     *,
     float_layers: Sequence[str] = (),
     cache: Path | None = None,
+    means: dict[str, np.ndarray] | None = None,
 ) -> None:
     """QDQ int8 of `prepared` (see `prepare`) with `recipe`, calibrated by min/max on `images`
     (uint8 [H, W, 3] each, fed at batch 1) or read from `cache` (written on the first call);
-    `float_layers` stay float; biases corrected when the recipe says so."""
+    `float_layers` stay float; biases corrected when the recipe says so (`means`: the
+    convolutions' fp32 input means, `input_means`, when the caller has them already)."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -176,7 +173,7 @@ def quantize(
         calibration_cache_path=str(cache) if cache else None,
     )
     if recipe.bias_correction:
-        correct_biases(prepared, target, dst, images)
+        correct_biases(prepared, target, dst, images if means is None else means)
         target.unlink()
 
 
@@ -229,10 +226,21 @@ def _channel_means(model: Any, names: Sequence[str], images: Sequence[np.ndarray
     return {name: total / len(images) for name, total in sums.items()}
 
 
-def correct_biases(prepared: Path, qdq: Path, dst: Path, images: Sequence[np.ndarray]) -> int:
+def input_means(prepared: Path, images: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """The mean per channel of every quantizable convolution's input in the fp32 graph `prepared`,
+    over `images` (one fp32 pass): what bias correction needs, the same for every candidate."""
+    import onnx
+
+    fp32 = onnx.load(str(prepared))
+    convs = set(quantizable_convolutions(fp32.graph))
+    return _channel_means(fp32, [n.input[0] for n in fp32.graph.node if n.name in convs], images)
+
+
+def correct_biases(prepared: Path, qdq: Path, dst: Path, images: Sequence[np.ndarray] | dict[str, np.ndarray]) -> int:
     """Write `qdq` to `dst` with every quantized convolution's int32 bias shifted by the mean its
     rounded weights move the output: (w_q - w) . E[x] per output channel, E[x] the fp32 input's
-    mean per channel over `images` (one fp32 pass). Returns how many biases changed. Cheap and
+    mean per channel over `images` (one fp32 pass; or `images` are those means already, from
+    `input_means`). Returns how many biases changed. Cheap and
     safe (it never sees the int8 graph's own drift, so it cannot chase noise): measured on
     EfficientNet-Lite0 in 0.8 s, where correcting against the simulated int8 graph layer by layer
     took 22 s and, on YOLOv8s, drove the class scores up until every box was a detection."""
@@ -245,7 +253,8 @@ def correct_biases(prepared: Path, qdq: Path, dst: Path, images: Sequence[np.nda
     fp32_weights = {i.name: i for i in fp32.graph.initializer}
     constants = {i.name: i for i in model.graph.initializer}
     convs = [c for c in _quantized_convolutions(model) if c.node.name in fp32_nodes_]
-    means = _channel_means(fp32, [fp32_nodes_[c.node.name].input[0] for c in convs], images)
+    inputs = [fp32_nodes_[c.node.name].input[0] for c in convs]
+    means = images if isinstance(images, dict) else _channel_means(fp32, inputs, images)
     changed = 0
     for conv in convs:
         original = fp32_nodes_[conv.node.name]
@@ -292,7 +301,8 @@ def sensitivity(prepared: Path, qdq: Path, images: Sequence[np.ndarray]) -> dict
     fp32, model = onnx.load(str(prepared)), onnx.load(str(qdq))
     outputs = [o.name for o in fp32.graph.output]
     feeds = [{"images": image[None]} for image in images]
-    reference = [_session_with_outputs(fp32, []).run(outputs, feed) for feed in feeds]
+    fp32_session = _session_with_outputs(fp32, [])
+    reference = [fp32_session.run(outputs, feed) for feed in feeds]
 
     def error(candidate: Any) -> float:
         session = _session_with_outputs(candidate, [])
@@ -442,13 +452,14 @@ def search(
     prepared = work / f"{dst.stem}.prepared.onnx"
     cache = work / f"{dst.stem}.calibration.json"
     prepare(src, prepared)
+    means = input_means(prepared, images)  # the corrected candidates all read them
     paths: dict[str, Path] = {}
     tried: dict[str, dict[str, Any]] = {}
     float_sets: dict[str, dict[str, float]] = {}
 
     def attempt(name: str, recipe: StaticInt8, floats: dict[str, float]) -> bool:
         path = work / f"{dst.stem}.{name}.onnx"
-        quantize(prepared, path, images, recipe, float_layers=list(floats), cache=cache)
+        quantize(prepared, path, images, recipe, float_layers=list(floats), cache=cache, means=means)
         quality, misses = judge(path)
         paths[name], float_sets[name] = path, floats
         tried[name] = {
@@ -469,7 +480,6 @@ def search(
         import onnx
 
         base = max(whole, key=lambda r: rank(tried[r.name]["quality"]))
-
         ranking = sensitivity(prepared, paths[base.name], images[:SENSITIVITY_IMAGES])
         worst = sorted(ranking, key=lambda layer: -ranking[layer])
         total = len(quantizable_convolutions(onnx.load(str(prepared), load_external_data=False).graph))
