@@ -21,7 +21,7 @@ from ortpack.components.core.report.numbers import (
 )
 from ortpack.kernel.bundle import Variant
 from ortpack.kernel.hardware import HardwareInfo
-from ortpack.kernel.selection import PREFERENCE, TARGET_PROVIDER, measured_p50, rank_variants
+from ortpack.kernel.selection import PREFERENCE, TARGET_PROVIDER, inexact_here, measured_p50, rank_variants
 from ortpack.kernel.targets import TARGETS
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class _Ranking:
     chosen: VariantRecord | None
     by_speed: bool  # by this build's benchmark (measured on this kind of CPU), else by preference
     shape: str  # the benchmark shape the server compares: the first
-    exact_int8_dot: bool = True  # this machine sums u8 x s8 exactly (kernel/hardware.py)
+    hardware: HardwareInfo  # the machine it ranks for
 
     @property
     def preference(self) -> str:
@@ -105,8 +105,7 @@ class _Ranking:
             hint = (rec.built.metrics.get("int8") or {}).get("hint")
             return miss_reason(rec.parity) + (f"; {hint}" if hint else "")
         place = next((i for i, v in enumerate(self.order) if v.id == rec.variant_id), None)
-        bits = (rec.built.metrics.get("int8") or {}).get("weight_bits") or 0
-        if rec.built.target == "cpu" and bits >= 8 and not self.exact_int8_dot:
+        if inexact_here(_as_variants([rec])[0], self.hardware):
             return (
                 "not on this CPU: its 8-bit int8 weights were proven where u8 x s8 products sum exactly "
                 "(VNNI, AMX); this CPU's int8 kernels saturate"
@@ -126,16 +125,15 @@ class _Ranking:
 
 def _rank(records: Sequence[VariantRecord], providers: Sequence[str], hardware: HardwareInfo) -> _Ranking:
     order = rank_variants(_as_variants([r for r in records if r.passed]), providers, hardware)
-    exact = hardware.exact_int8_dot
     if not order:
-        return _Ranking(order=[], chosen=None, by_speed=False, shape="", exact_int8_dot=exact)
+        return _Ranking(order=[], chosen=None, by_speed=False, shape="", hardware=hardware)
     first = order[0]
     return _Ranking(
         order=order,
         chosen=next(r for r in records if r.variant_id == first.id),
         by_speed=_ranked_by_speed([v for v in order if v.target == first.target], hardware),
         shape=next(iter(first.benchmark.shapes), ""),
-        exact_int8_dot=exact,
+        hardware=hardware,
     )
 
 

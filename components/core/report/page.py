@@ -239,8 +239,8 @@ def _static_int8_facts(rec: VariantRecord, records: Sequence[VariantRecord]) -> 
     if floats:
         kept = ", ".join(f"{html.escape(name)} ({value:.3g})" for name, value in floats.items())
         lines.append(
-            f"Kept in float ({len(floats)}, the most sensitive first; the quantization noise each added, "
-            f"noise-to-signal at its output less at its input): {kept}."
+            f"Kept in float ({len(floats)}, the most sensitive first; what each cost the graph's outputs, "
+            f"their noise-to-signal against fp32 less the same with that layer in float): {kept}."
         )
     else:
         lines.append("Every quantizable layer runs in int8.")
