@@ -24,16 +24,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def heldout_agreement(bundle: Path, photos: Path, model: str, weights: str | None) -> dict[str, Any]:
-    """{variant: {decode mode: metrics}} on the photos in `photos`."""
+def pytorch_probabilities(files: list[tuple[str, bytes]], pre: dict[str, Any], model: str, weights: str | None) -> Any:
+    """PyTorch's probabilities of each (name, bytes) file: Pillow's full decode, torchvision's
+    transforms (`pre`: the bundle's preprocessing), the model."""
     import torch
 
     from ortpack.components.core.exporters.image_classification import Classifier, classify_pixels
     from ortpack.components.core.exporters.image_common import reference_decode
     from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
+
+    network, _ = load_image_network(parse_image_source(model), weights, int(pre["crop_size"]))
+    classifier = Classifier(network).eval()
+    with torch.inference_mode():
+        return np.stack([classify_pixels(classifier, pre, reference_decode(data)) for _, data in files])
+
+
+def served_agreement(session: Any, files: list[tuple[str, bytes]], expected: Any, decoder: Any) -> dict[str, float]:
+    """A variant's agreement with `expected` on the served path: `decoder`, then the graph at batch 1."""
+    from ortpack.kernel.gates import probability_metrics
+
+    rows = [session.run(None, {"images": decoder.decode(data, name)[None]})[0][0] for name, data in files]
+    return probability_metrics(expected, np.stack(rows))
+
+
+def heldout_agreement(bundle: Path, photos: Path, model: str, weights: str | None) -> dict[str, Any]:
+    """{variant: {decode mode: metrics}} on the photos in `photos`."""
     from ortpack.components.core.validation_data import read_image_files
     from ortpack.kernel.bundle import verify_bundle
-    from ortpack.kernel.gates import probability_metrics
     from ortpack.kernel.images import ImageDecoder
     from ortpack.kernel.runtime import create_session, plan_for
 
@@ -41,20 +58,16 @@ def heldout_agreement(bundle: Path, photos: Path, model: str, weights: str | Non
     assert manifest.task_settings.preprocessing is not None
     pre = manifest.task_settings.preprocessing.model_dump()
     files = read_image_files(str(photos), "held-out photos")
-    network, _ = load_image_network(parse_image_source(model), weights, int(pre["crop_size"]))
-    classifier = Classifier(network).eval()
-    with torch.inference_mode():
-        expected = np.stack([classify_pixels(classifier, pre, reference_decode(data)) for _, data in files])
+    expected = pytorch_probabilities(files, pre, model, weights)
     decoders = {"exact": ImageDecoder(max_pixels=1 << 40)}
     if pre.get("decode_min_side"):
         decoders["reduced"] = ImageDecoder(max_pixels=1 << 40, reduce_to=int(pre["decode_min_side"]))
     results: dict[str, Any] = {}
     for variant in manifest.variants:
         session = create_session(bundle / variant.file, plan_for(variant))
-        results[variant.id] = {}
-        for mode, decoder in decoders.items():
-            rows = [session.run(None, {"images": decoder.decode(data, name)[None]})[0][0] for name, data in files]
-            results[variant.id][mode] = probability_metrics(expected, np.stack(rows))
+        results[variant.id] = {
+            mode: served_agreement(session, files, expected, decoder) for mode, decoder in decoders.items()
+        }
     return {"photos": len(files), "variants": results}
 
 

@@ -32,8 +32,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -93,29 +91,20 @@ def heldout(task: str, export_dir: Path, spec: dict[str, Any], photos: Path, dir
     batch 1), as bench/heldout_images.py measures a bundle."""
     if task != "image-classification" or not spec.get("weights"):  # random weights: nothing to agree on
         return {}
-    import torch
-
+    from bench.heldout_images import pytorch_probabilities, served_agreement
     from ortpack.components.core.artifacts import ExportResult, OptimizeResult
-    from ortpack.components.core.exporters.image_classification import Classifier, classify_pixels
-    from ortpack.components.core.exporters.image_common import reference_decode
-    from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
     from ortpack.components.core.validation_data import read_image_files
-    from ortpack.kernel.gates import probability_metrics
     from ortpack.kernel.images import ImageDecoder
     from ortpack.kernel.runtime import create_session, plan_for
 
     pre = ExportResult.load(export_dir).task_settings["preprocessing"]
     files = read_image_files(str(photos), "held-out photos")
-    network, _ = load_image_network(parse_image_source(spec["source"]), spec.get("weights"), int(pre["crop_size"]))
-    classifier = Classifier(network).eval()
-    with torch.inference_mode():
-        expected = np.stack([classify_pixels(classifier, pre, reference_decode(data)) for _, data in files])
+    expected = pytorch_probabilities(files, pre, spec["source"], spec.get("weights"))
     decoder = ImageDecoder(max_pixels=1 << 40)
     out = {}
     for vid, directory in dirs.items():
         session = create_session(directory / "model.onnx", plan_for(OptimizeResult.load(directory)))
-        rows = [session.run(None, {"images": decoder.decode(data, name)[None]})[0][0] for name, data in files]
-        out[vid] = probability_metrics(expected, np.stack(rows))
+        out[vid] = served_agreement(session, files, expected, decoder)
     return out
 
 
