@@ -21,7 +21,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 
 from ortpack.serving.errors import InvalidRequestError, ServeError
-from ortpack.serving.http import read_json_object
+from ortpack.serving.http import check_model, read_json_object
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,6 +67,16 @@ def parse_body(model: type[M], body: dict[str, Any], context: dict[str, Any] | N
 
 async def read_body_as(request: Request, model: type[M], context: dict[str, Any] | None = None) -> M:
     return parse_body(model, await read_json_object(request), context)
+
+
+async def read_request_for_model(request: Request, model: type[M], context: dict[str, Any] | None = None) -> M:
+    """`read_body_as`, then the body's `model` field, when it names one, checked against the served
+    model (404 otherwise): what every OpenAI-style route (embeddings, classify, rerank, ner) does."""
+    body = await read_body_as(request, model, context)
+    name = getattr(body, "model", None)
+    if name is not None:
+        check_model(request, name, None)
+    return body
 
 
 def worded(says: str, *, item: str | None = None) -> WrapValidator:

@@ -20,10 +20,10 @@ from starlette.responses import Response
 from ortpack.kernel.contracts.image_embedding import OUTPUT, ImageEmbeddingSettings
 from ortpack.kernel.contracts.images import IMAGES
 from ortpack.kernel.engines.images import ImageEngine
-from ortpack.serving.bodies import component_schemas, read_body_as, worded
+from ortpack.serving.bodies import component_schemas, read_request_for_model, worded
 from ortpack.serving.embeddings import EmbeddingsOptions, EmbeddingsResponse, embeddings_answer
 from ortpack.serving.errors import InvalidRequestError
-from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
+from ortpack.serving.http import RouteSpec, json_response, service_of, space_headers
 from ortpack.serving.images import EXAMPLE_PNG, MEDIA, ImageInputs, image_buckets
 from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 
@@ -98,9 +98,7 @@ class ImageEmbeddingRuntime:
         return "image embeddings: OpenAI /v1/embeddings with images and the Open Inference Protocol v2"
 
     async def embeddings(self, request: Request) -> Response:
-        body = await read_body_as(request, ImageEmbeddingsRequest, {"dimensions": self.output_dim})
-        if body.model is not None:
-            check_model(request, body.model, None)
+        body = await read_request_for_model(request, ImageEmbeddingsRequest, {"dimensions": self.output_dim})
         single = isinstance(body.input, str)
         items = [body.input] if isinstance(body.input, str) else body.input
         where = ["input"] if single else [f"input[{i}]" for i in range(len(items))]

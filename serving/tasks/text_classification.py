@@ -27,9 +27,9 @@ from ortpack.kernel.contracts.text_classification import TextClassificationSetti
 from ortpack.kernel.engine import stack
 from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
-from ortpack.serving.bodies import PositiveInt, component_schemas, read_body_as, worded
+from ortpack.serving.bodies import PositiveInt, component_schemas, read_request_for_model, worded
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError
-from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
+from ortpack.serving.http import RouteSpec, json_response, service_of
 from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 from ortpack.serving.text import Texts, encode_pairs, encode_texts, v2_texts
 
@@ -206,9 +206,7 @@ class TextClassificationRuntime:
 
     async def classify(self, request: Request) -> Response:
         service = service_of(request)
-        body = await read_body_as(request, TextClassifyRequest)
-        if body.model is not None:
-            check_model(request, body.model, None)
+        body = await read_request_for_model(request, TextClassifyRequest)
         texts = [body.input] if isinstance(body.input, str) else body.input
         k = min(body.top_k or 5, self.output_dim)
         encoded = await self.encode(texts, "input")
@@ -223,9 +221,7 @@ class TextClassificationRuntime:
 
     async def rerank(self, request: Request) -> Response:
         service = service_of(request)
-        body = await read_body_as(request, RerankRequest)
-        if body.model is not None:
-            check_model(request, body.model, None)
+        body = await read_request_for_model(request, RerankRequest)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         encoded = await self.encode(texts, "documents", pairs_with=body.query)
         scores = (await self.infer(request, encoded))[:, 0]

@@ -18,10 +18,10 @@ from ortpack.kernel.contracts.base import TEXT
 from ortpack.kernel.contracts.text_embedding import OUTPUT
 from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
-from ortpack.serving.bodies import component_schemas, read_body_as
+from ortpack.serving.bodies import component_schemas, read_request_for_model
 from ortpack.serving.embeddings import EmbeddingsOptions, EmbeddingsResponse, embeddings_answer
 from ortpack.serving.errors import PayloadTooLargeError
-from ortpack.serving.http import RouteSpec, check_model, json_response, service_of, space_headers
+from ortpack.serving.http import RouteSpec, json_response, service_of, space_headers
 from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 from ortpack.serving.text import TextsOrTokens, encode_ids, encode_texts, texts_or_ids, v2_texts
 
@@ -76,9 +76,7 @@ class TextEmbeddingRuntime:
 
     async def embeddings(self, request: Request) -> Response:
         service = service_of(request)
-        body = await read_body_as(request, EmbeddingsRequest, {"dimensions": self.output_dim})
-        if body.model is not None:
-            check_model(request, body.model, None)
+        body = await read_request_for_model(request, EmbeddingsRequest, {"dimensions": self.output_dim})
         texts, ids = texts_or_ids(body.input)
         encoded = await self.encode(texts, ids, "input")
         items = await service.infer(encoded.payloads, encoded.buckets)

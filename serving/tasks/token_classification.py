@@ -25,9 +25,9 @@ from ortpack.kernel.contracts.token_classification import OUTPUT, TokenClassific
 from ortpack.kernel.engine import stack
 from ortpack.kernel.engines.tokens import TokenEngine
 from ortpack.kernel.tokenizer import Encoded
-from ortpack.serving.bodies import component_schemas, read_body_as
+from ortpack.serving.bodies import component_schemas, read_request_for_model
 from ortpack.serving.errors import PayloadTooLargeError
-from ortpack.serving.http import RouteSpec, check_model, json_response, service_of
+from ortpack.serving.http import RouteSpec, json_response, service_of
 from ortpack.serving.tasks.contract import InferInput, LoadContext, ServingTask, engine_as
 from ortpack.serving.text import Texts, context_tokens, tokenize, v2_texts
 
@@ -180,9 +180,7 @@ class TokenClassificationRuntime:
 
     async def recognize(self, request: Request) -> Response:
         service = service_of(request)
-        body = await read_body_as(request, NerRequest)
-        if body.model is not None:
-            check_model(request, body.model, None)
+        body = await read_request_for_model(request, NerRequest)
         texts = [body.input] if isinstance(body.input, str) else body.input
         texts, encodings, encoded = await self.tokenize(texts, "input")
         rows = stack(await service.infer(encoded.payloads, encoded.buckets), OUTPUT)
