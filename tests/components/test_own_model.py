@@ -78,7 +78,7 @@ def test_an_exported_program_builds_and_serves(tmp_path: Path) -> None:
         ("tests.own_models:not_a_module", "returned a dict, not a torch.nn.Module"),
         ("tests.own_models:broken", "tests.own_models:broken() failed: RuntimeError: the factory needs a GPU"),
         ("tests.own_models:two_inputs", "must take one float tensor [batch, 3, 64, 64]"),
-        ("Mobilenet_V3_Small", "did you mean mobilenet_v3_small?"),
+        ("Mobilenet_V3_Small", "did you mean 'mobilenet_v3_small'?"),
     ],
 )
 def test_a_bad_factory_is_refused_in_one_line(source: str, message: str, tmp_path: Path) -> None:

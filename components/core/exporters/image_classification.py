@@ -83,9 +83,9 @@ class Classifier(nn.Module):
         return torch.softmax(self.network(pixels), dim=1)
 
 
-def read_labels(labels: str | None, source: str, classes: int) -> list[str]:
+def read_labels(labels: str | None, source: str, classes: int, weights: str | None = None) -> list[str]:
     if labels is None:
-        return default_labels(parse_image_source(source, local=False), classes)
+        return default_labels(parse_image_source(source, local=False), classes, weights)
     path = Path(labels)
     if not path.is_file():
         raise ModelLoadError(f"labels file not found: {labels}")
@@ -245,7 +245,7 @@ def export_image_classifier(spec: ExportSpec, out_dir: Path) -> ExportResult:
     network, source_record = load_image_network(source, opts.weights, pre["crop_size"])
     t0 = time.perf_counter()
     classifier, classes = _classifier(network, pre["crop_size"])
-    labels = read_labels(opts.labels, spec.source, classes)
+    labels = read_labels(opts.labels, spec.source, classes, opts.weights)
     out_dir.mkdir(parents=True, exist_ok=True)
     _export(spec, pre, classifier, classes, out_dir)
     seconds = time.perf_counter() - t0

@@ -278,7 +278,8 @@ class GraphBuilder:
 def preprocessing_spec(spec: ExportSpec) -> dict[str, Any]:
     """Resize, crop, mean, std and interpolation: the model's defaults (image_models.py), then flags."""
     opts = spec.options_as(ImageModelOptions)
-    defaults = default_preprocessing(parse_image_source(spec.source, local=False))
+    source = parse_image_source(spec.source, local=False)
+    defaults = default_preprocessing(source, opts.weights, opts.resize_size, opts.crop_size)
     interpolation = str(defaults["interpolation"])
     if interpolation not in ("bilinear", "bicubic"):
         raise ExportError(f"{spec.source} uses {interpolation} resizing; ortpack exports bilinear and bicubic")

@@ -46,6 +46,7 @@ from ortpack.components.core.exporters.image_common import (
 )
 from ortpack.components.core.exporters.image_models import load_image_network, parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
+from ortpack.components.core.exporters.timm_models import drop_timm_head
 from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.validation_data import (
@@ -116,8 +117,11 @@ def export_image_embedder(spec: ExportSpec, out_dir: Path) -> ExportResult:
         pre = preprocessing_spec(spec)
         source = parse_image_source(spec.source)
         network, record = load_image_network(source, opts.weights, pre["crop_size"])
-        head = opts.head or ("drop" if source.kind == "torchvision" else "keep")
-        dropped = drop_head(network, spec.source) if head == "drop" else None
+        head = opts.head or ("drop" if source.kind in ("torchvision", "timm") else "keep")
+        if head == "drop" and source.kind == "timm":
+            dropped = drop_timm_head(network)
+        else:
+            dropped = drop_head(network, spec.source) if head == "drop" else None
         pooling, model_type = ("features" if head == "drop" else "output"), source.default_name
     embedder = Embedder(network, opts.normalize).eval()
     with torch.inference_mode():

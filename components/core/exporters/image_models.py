@@ -1,6 +1,10 @@
-"""Where an image classifier comes from: a torchvision name, your own module, or an exported program.
+"""Where an image classifier comes from: any torchvision classifier, timm or Hugging Face model by
+name or directory, your own module, or an exported program.
 
-    --model mobilenet_v3_small           a torchvision architecture (TORCHVISION_MODELS)
+    --model mobilenet_v2                 a torchvision classification builder: any name
+                                         torchvision.models.list_models(module=torchvision.models) lists
+    --model timm:convnext_tiny           a timm architecture (timm_models.py), its own data config
+    --model CHECKPOINT_DIR               a Hugging Face image classifier (hf_image_classification.py)
     --model my_pkg.models:build_net      a callable that returns a torch.nn.Module, imported from the
                                          current directory or the Python path (your code must be
                                          importable where the export runs: on a cluster, in the
@@ -8,14 +12,19 @@
     --model classifier.pt2               a `torch.export` ExportedProgram (`torch.export.save`):
                                          self-contained, so it works as a model URI on a cluster
 
-`--weights` is a state_dict for the first two (safetensors, or a torch file loaded with
-`weights_only=True`: never unpickled), loaded strictly; a .pt2 carries its own. Every model must
-take one float tensor `[batch, 3, H, W]` (normalised pixels, any batch size) and return logits
-`[batch, classes]`; that is checked on a small batch before export, in one line when it fails.
+`--weights` is a state_dict for torchvision, timm and your own module (safetensors, or a torch file
+loaded with `weights_only=True`: never unpickled), loaded strictly; a .pt2 and a Hugging Face
+checkpoint carry their own. Every model must take one float tensor `[batch, 3, H, W]` (normalised
+pixels, any batch size) and return logits `[batch, classes]`; that is checked on a small batch
+before export, in one line when it fails.
 
-Preprocessing: a torchvision model's weights name their transforms; for the others the defaults
-are ImageNet's (resize 256, crop 224, bilinear, ImageNet mean and std); --resize-size,
---crop-size, --mean and --std override either.
+Preprocessing: a torchvision model's weights enum names its transforms: the entry whose file
+`--weights` is (by its file name, or the sha256 prefix torchvision's file names carry), else the
+builder's DEFAULT entry; a timm model's data config; a Hugging Face checkpoint's
+preprocessor_config.json; ImageNet's defaults for the others (resize 256, crop 224, bilinear,
+ImageNet mean and std). --resize-size, --crop-size, --mean and --std override any of them.
+Labels follow the same entries: torchvision's categories, timm's ImageNet subsets, the config's
+id2label, else class_N.
 """
 
 from __future__ import annotations
@@ -30,14 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortpack.components.core.errors import InvalidSpecError, ModelLoadError, one_line
-from ortpack.components.core.sources import TORCHVISION_MODELS
+from ortpack.components.core.errors import InvalidSpecError, ModelLoadError, did_you_mean, one_line
+from ortpack.components.core.exporters import hf_image_classification, timm_models
+from ortpack.components.core.exporters.hf_vision import hf_preprocessing
 from ortpack.kernel.bundle import sha256_file
 
 log = logging.getLogger("ortpack.export")
 
 FACTORY = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*)$")
 PROGRAM_SUFFIX = ".pt2"
+# torchvision's weight files end with the first hex digits of their sha256
+TORCHVISION_HASH = re.compile(r"-(?P<hash>[0-9a-f]{8,})\.pth$")
 IMAGENET = {"resize_size": 256, "crop_size": 224, "interpolation": "bilinear",
             "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}  # fmt: skip
 MISMATCH_SHOWN = 3  # keys named in a state_dict mismatch
@@ -48,8 +60,8 @@ GENERIC_FACTORIES = {"build", "create", "make", "model", "get_model", "load", "l
 
 @dataclass(frozen=True)
 class ImageSource:
-    kind: str  # "torchvision", "factory" or "program"
-    value: str  # the name, `module:attr`, or the .pt2 path
+    kind: str  # "torchvision", "timm", "huggingface", "factory" or "program"
+    value: str  # the name, `timm:NAME`, the checkpoint directory, `module:attr`, or the .pt2 path
 
     @property
     def default_name(self) -> str:
@@ -61,14 +73,32 @@ class ImageSource:
             return module.rpartition(".")[2] if factory.lower() in GENERIC_FACTORIES else factory
         if self.kind == "program":
             return Path(self.value).name.removesuffix(PROGRAM_SUFFIX)
+        if self.kind == "huggingface":
+            return Path(self.value).name
+        if self.kind == "timm":
+            return self.value[len(timm_models.PREFIX) :]
         return self.value
+
+
+def torchvision_classifiers() -> list[str]:
+    """Every classification builder torchvision has (not its detection, segmentation, video,
+    optical-flow or quantized ones)."""
+    import torchvision
+
+    return list(torchvision.models.list_models(module=torchvision.models))
 
 
 def parse_image_source(value: str, *, local: bool = True) -> ImageSource:
     """What `--model` names for image classification; `local` checks that a .pt2 path exists and a
     factory's module can be found here (a submitted run finds them in the cluster's image)."""
-    if value in TORCHVISION_MODELS:
+    if timm_models.is_timm(value):
+        if local:
+            timm_models.timm_name(value)
+        return ImageSource("timm", value.strip())
+    if value in torchvision_classifiers():
         return ImageSource("torchvision", value)
+    if "://" not in value and hf_image_classification.hf_classifier_type(value) is not None:
+        return ImageSource("huggingface", str(Path(value).expanduser().resolve()) if local else value)
     match = FACTORY.match(value)
     if match:
         current_directory_importable()
@@ -85,11 +115,11 @@ def parse_image_source(value: str, *, local: bool = True) -> ImageSource:
         if local and not path.is_file():
             raise ModelLoadError(f"exported program not found: {value}")
         return ImageSource("program", str(path.resolve()) if local else value)
-    lower = {m.lower(): m for m in TORCHVISION_MODELS}
-    hint = f" (did you mean {lower[value.lower()]}?)" if value.lower() in lower else ""
+    known = torchvision_classifiers()
     raise ModelLoadError(
-        f"unknown image model {value!r}{hint}: give a torchvision name ({', '.join(TORCHVISION_MODELS)}), "
-        "your own module as PACKAGE.MODULE:FACTORY, or a torch.export program FILE.pt2"
+        f"unknown image model {value!r}{did_you_mean(value, known)}: give a torchvision classifier "
+        f"({len(known)} names: torchvision.models.list_models()), timm:NAME, a Hugging Face checkpoint "
+        "directory, your own module as PACKAGE.MODULE:FACTORY, or a torch.export program FILE.pt2"
     )
 
 
@@ -97,22 +127,33 @@ def load_image_network(source: ImageSource, weights: str | None, crop_size: int)
     """The network in eval mode and the manifest's source record (kind, id, weights sha256),
     after checking that it takes `[batch, 3, crop, crop]` floats and returns `[batch, classes]`."""
 
+    if source.kind == "huggingface":
+        network, record, _ = hf_image_classification.load_hf_classifier(source.value, weights)
+        network.eval()
+        _check_signature(network, source, crop_size)
+        return network, record
+    if source.kind == "program" and weights:
+        raise InvalidSpecError(f"--weights does not apply to an exported program ({source.value} holds its own)")
+    state = read_state(weights) if weights else None
     if source.kind == "torchvision":
         import torchvision
 
         network = torchvision.models.get_model(source.value, weights=None)
         revision = f"torchvision=={torchvision.__version__}"
+    elif source.kind == "timm":
+        import timm
+
+        network = timm_models.load_timm(source.value, state)
+        revision = f"timm=={timm.__version__}"
     elif source.kind == "factory":
         network = call_factory(source.value)
         revision = ""
     else:
-        if weights:
-            raise InvalidSpecError(f"--weights does not apply to an exported program ({source.value} holds its own)")
         network = load_program(source.value)
         revision = f"sha256:{sha256_file(Path(source.value))}"
     weights_sha = None
-    if weights:
-        load_weights(network, weights, source.value)
+    if weights and state is not None:
+        load_state(network, state, weights, source.value)
         weights_sha = sha256_file(Path(weights))
     elif source.kind != "program":
         log.warning("export: %s has random weights (no --weights given)", source.value)
@@ -188,6 +229,12 @@ def _wrap_program(module: Any) -> Any:
 
 
 def load_weights(network: Any, weights: str, model: str) -> None:
+    """Load a state_dict file into `network` strictly (`read_state`, `load_state`)."""
+    load_state(network, read_state(weights), weights, model)
+
+
+def read_state(weights: str) -> dict[str, Any]:
+    """A state_dict from safetensors or a torch file read with `weights_only=True`."""
     import torch
 
     path = Path(weights)
@@ -204,6 +251,11 @@ def load_weights(network: Any, weights: str, model: str) -> None:
         raise ModelLoadError(f"cannot read weights from {weights}: {one_line(exc, 200)}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelLoadError(f"{weights} is not a state_dict (a mapping of parameter names to tensors)")
+    return state
+
+
+def load_state(network: Any, state: dict[str, Any], weights: str, model: str) -> None:
+    """`state` into `network`, every key and shape matching (else one line naming the first few)."""
     expected = network.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -250,13 +302,40 @@ def _check_signature(network: Any, source: ImageSource, crop: int) -> None:
         )
 
 
-def default_preprocessing(source: ImageSource) -> dict[str, Any]:
-    """A torchvision model's own transforms, else ImageNet's defaults."""
-    if source.kind != "torchvision":
-        return dict(IMAGENET)
+def torchvision_weights(name: str, weights: str | None) -> Any:
+    """The entry of the builder's weights enum that `weights` is: the same file name, or the
+    sha256 prefix torchvision's file names end with (`resnet50-11ad3fa6.pth`); else DEFAULT."""
     from torchvision.models import get_model_weights
 
-    transforms = get_model_weights(source.value).DEFAULT.transforms()
+    entries = get_model_weights(name)
+    if weights:
+        path = Path(weights)
+        by_name = [e for e in entries if Path(e.url).name == path.name or Path(e.url).stem == path.stem]
+        if by_name:
+            return by_name[0]
+        digest = ""
+        for entry in entries:
+            match = TORCHVISION_HASH.search(Path(entry.url).name)
+            if match and path.is_file():
+                digest = digest or sha256_file(path)
+                if digest.startswith(match["hash"]):
+                    return entry
+    return entries.DEFAULT
+
+
+def default_preprocessing(
+    source: ImageSource, weights: str | None = None, resize_size: int | None = None, crop_size: int | None = None
+) -> dict[str, Any]:
+    """The model's own preprocessing (see the module): a torchvision weights entry's transforms,
+    a timm data config, a Hugging Face processor's (`resize_size` and `crop_size` stand in for
+    one that stretches), else ImageNet's defaults."""
+    if source.kind == "timm":
+        return timm_models.timm_preprocessing(source.value)
+    if source.kind == "huggingface":
+        return hf_preprocessing(Path(source.value).expanduser(), resize_size, crop_size)
+    if source.kind != "torchvision":
+        return dict(IMAGENET)
+    transforms = torchvision_weights(source.value, weights).transforms()
     return {
         "resize_size": int(transforms.resize_size[0]),
         "crop_size": int(transforms.crop_size[0]),
@@ -266,12 +345,15 @@ def default_preprocessing(source: ImageSource) -> dict[str, Any]:
     }
 
 
-def default_labels(source: ImageSource, classes: int) -> list[str]:
-    """A torchvision model's ImageNet categories (when it has that many classes), else class_N."""
+def default_labels(source: ImageSource, classes: int, weights: str | None = None) -> list[str]:
+    """The model's own labels (see the module) when it has that many classes, else class_N."""
+    labels: list[str] | None = None
     if source.kind == "torchvision":
-        from torchvision.models import get_model_weights
-
-        categories = list(get_model_weights(source.value).DEFAULT.meta.get("categories", []))
-        if len(categories) == classes:
-            return categories
+        labels = list(torchvision_weights(source.value, weights).meta.get("categories", []))
+    elif source.kind == "timm":
+        labels = timm_models.timm_labels(classes)
+    elif source.kind == "huggingface":
+        labels = hf_image_classification.config_labels(source.value)
+    if labels and len(labels) == classes:
+        return labels
     return [f"class_{i}" for i in range(classes)]
