@@ -115,7 +115,7 @@ def test_the_fp32_gate_passes_and_records_the_batch(tiny_export: Path, tmp_path:
     [
         (MODEL, {}, "decoder=yolo"),
         ("tests.own_models:tiny_net", {"decoder": "yolo"}, "raw head outputs"),
-        ("SSDLite320_MobileNet_V3_Large", {}, "did you mean ssdlite320_mobilenet_v3_large"),
+        ("SSDLite320_MobileNet_V3_Large", {}, "did you mean 'ssdlite320_mobilenet_v3_large'"),
         (MODEL, {"decoder": "yolo", "input_size": 128, "labels": "missing.txt"}, "labels file not found"),
     ],
 )

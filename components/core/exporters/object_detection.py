@@ -5,10 +5,14 @@ image each detection is of).
 
 Two kinds of detector:
 
-- torchvision's detection builders by name (`DETECTION_MODELS`: SSDlite, Faster R-CNN, RetinaNet,
-  FCOS), `--weights` a state_dict (default random weights), labels COCO's categories. The model's
+- torchvision's detection builders by name (`detection_builders()`: every one torchvision lists:
+  Faster R-CNN v1/v2, RetinaNet v1/v2, FCOS, SSD, SSDlite; Mask and Keypoint R-CNN for their
+  boxes), `--weights` a state_dict (default random weights), labels the weights' categories
+  (COCO's), the score threshold the builder's own. The model's
   own transform (resize, normalise) and post-processing (box decoding, score threshold, NMS, the
   boxes scaled back to the image) are in its graph: exported whole, for one image per call.
+- a Hugging Face detector checkpoint directory (DETR, Conditional DETR, YOLOS, RT-DETR, ...; its
+  processor's resize and post-processing around it: hf_detection.py), exported whole the same way.
 - your own module (`PACKAGE.MODULE:FACTORY`) or a `torch.export` program (`FILE.pt2`), with the
   `decoder` option saying what its forward returns: "yolo", raw head outputs `[batch, 4 +
   classes, anchors]` (centre x, y, width, height in input pixels, then class scores: Ultralytics'
@@ -38,7 +42,7 @@ import torch
 from torch import nn
 
 from ortpack.components.core.artifacts import ExportResult
-from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
+from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError, did_you_mean
 from ortpack.components.core.exporters.detection_graphs import (
     PIXELS_NAME,
     RAW_NAME,
@@ -47,6 +51,8 @@ from ortpack.components.core.exporters.detection_graphs import (
     decode_graph,
     letterbox_graph,
 )
+from ortpack.components.core.exporters.detection_resize import exact_resize
+from ortpack.components.core.exporters.hf_detection import hf_detector_type, load_hf_detector
 from ortpack.components.core.exporters.image_common import INPUT_NAME, format_of, reference_decode
 from ortpack.components.core.exporters.image_models import (
     FACTORY,
@@ -85,15 +91,14 @@ from ortpack.kernel.errors import one_line
 
 log = logging.getLogger("ortpack.export")
 
-# torchvision's detection builders (random weights unless --weights), each with its default
-# score threshold (the builder's own)
-DETECTION_MODELS = {
-    "ssdlite320_mobilenet_v3_large": 0.001,
-    "fasterrcnn_mobilenet_v3_large_320_fpn": 0.05,
-    "fasterrcnn_mobilenet_v3_large_fpn": 0.05,
-    "retinanet_resnet50_fpn_v2": 0.05,
-    "fcos_resnet50_fpn": 0.2,
-}
+
+def detection_builders() -> list[str]:
+    """Every detection builder torchvision lists (random weights unless --weights)."""
+    import torchvision
+
+    return list(torchvision.models.list_models(module=torchvision.models.detection))
+
+
 MIN_OPSET = 13
 BENCH_SHAPES = {"b1_480x640": (1, 480, 640)}
 YOLO_DEFAULTS = Thresholds(score=0.25, iou=0.45, max_detections=300)  # Ultralytics' predict defaults
@@ -101,11 +106,13 @@ YOLO_DEFAULTS = Thresholds(score=0.25, iou=0.45, max_detections=300)  # Ultralyt
 
 @dataclass(frozen=True)
 class DetectionSource:
-    kind: str  # "torchvision", "factory" or "program"
+    kind: str  # "torchvision", "huggingface", "factory" or "program"
     value: str
 
     @property
     def default_name(self) -> str:
+        if self.kind == "huggingface":
+            return Path(self.value).name
         if self.kind == "factory":
             return ImageSource("factory", self.value).default_name
         if self.kind == "program":
@@ -116,8 +123,10 @@ class DetectionSource:
 def parse_detection_source(value: str, *, local: bool = True) -> DetectionSource:
     """What `--model` names for object detection; `local` checks that a .pt2 path exists and a
     factory's module can be found here."""
-    if value in DETECTION_MODELS:
+    if value in detection_builders():
         return DetectionSource("torchvision", value)
+    if "://" not in value and hf_detector_type(value) is not None:
+        return DetectionSource("huggingface", str(Path(value).expanduser().resolve()) if local else value)
     match = FACTORY.match(value)
     if match:
         current_directory_importable()
@@ -131,11 +140,11 @@ def parse_detection_source(value: str, *, local: bool = True) -> DetectionSource
         if local and "://" not in value and not path.is_file():
             raise ModelLoadError(f"exported program not found: {value}")
         return DetectionSource("program", str(path.resolve()) if local and "://" not in value else value)
-    lower = {m.lower(): m for m in DETECTION_MODELS}
-    hint = f" (did you mean {lower[value.lower()]}?)" if value.lower() in lower else ""
+    known = detection_builders()
     raise ModelLoadError(
-        f"unknown detection model {value!r}{hint}: give a torchvision detection builder "
-        f"({', '.join(DETECTION_MODELS)}), your own module as PACKAGE.MODULE:FACTORY, or a torch.export "
+        f"unknown detection model {value!r}{did_you_mean(value, known)}: give a torchvision detection builder "
+        f"({', '.join(known)}), a Hugging Face detector directory, your own module as PACKAGE.MODULE:FACTORY, "
+        "or a torch.export "
         "program FILE.pt2 (with --task-option decoder=yolo or decoder=boxes)"
     )
 
@@ -161,7 +170,14 @@ def load_detector(source: DetectionSource, opts: DetectionOptions) -> Detector:
         network = torchvision.models.get_model(source.value, weights=None, weights_backbone=None)
         revision = f"torchvision=={torchvision.__version__}"
         labels = list(get_model_weights(source.value).DEFAULT.meta["categories"])
-        decoder, defaults = "boxes", Thresholds(score=DETECTION_MODELS[source.value])
+        exact_resize(network)  # the graph's resized size equals PyTorch's (detection_resize.py)
+        head = getattr(network, "roi_heads", network)  # where _set_thresholds finds the builder's own
+        decoder, defaults = "boxes", Thresholds(score=float(getattr(head, "score_thresh", 0.05)))
+    elif source.kind == "huggingface":
+        network, labels, hf_record = load_hf_detector(source.value, hf_detector_type(source.value) or "", opts.weights)
+        revision, weights_sha = str(hf_record["revision"]), hf_record["weights_sha256"]
+        decoder = "boxes"
+        defaults = Thresholds(score=network.score_thresh, max_detections=network.detections_per_img)
     else:
         if opts.decoder is None:
             raise InvalidSpecError(
@@ -180,7 +196,7 @@ def load_detector(source: DetectionSource, opts: DetectionOptions) -> Detector:
         defaults = YOLO_DEFAULTS if decoder == "yolo" else Thresholds()
     if opts.weights:
         load_weights(network, opts.weights, source.value)
-    elif source.kind != "program":
+    elif source.kind not in ("program", "huggingface"):
         log.warning("export: %s has random weights (no --weights given)", source.value)
     network = network.float().eval()
     thresholds = Thresholds(
@@ -191,7 +207,7 @@ def load_detector(source: DetectionSource, opts: DetectionOptions) -> Detector:
     if decoder == "boxes":
         _set_thresholds(network, thresholds)
     record = {"kind": source.kind, "id": source.value, "revision": revision, "weights_sha256": weights_sha}
-    if source.kind == "program":
+    if source.kind in ("program", "huggingface"):
         record["id"] = Path(source.value).name
     return Detector(network=network, decoder=decoder, labels=labels, thresholds=thresholds, record=record)
 
