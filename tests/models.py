@@ -95,20 +95,79 @@ def make_image_weights(name: str, out: Path, *, seed: int = 0, head_scale: float
 
     torch.manual_seed(seed)
     model = torchvision.models.get_model(name, weights=None)
-    for module in model.modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-            module.reset_running_stats()
-            module.momentum = None  # cumulative average over the batches below
-    model.train()
-    with torch.no_grad():
-        for _ in range(8):
-            model(torch.randn(8, 3, 224, 224))
-    model.eval()
+    reestimate_batchnorm(model, 224)
     last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
     with torch.no_grad():
         last.weight.mul_(head_scale)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out))
+    return out
+
+
+def reestimate_batchnorm(model: Any, images: Any) -> None:
+    """BatchNorm statistics re-estimated on `images` (an int: that many pixels square of random
+    normalised noise, 8 batches of 8; else a tensor of normalised images, in batches of 8),
+    a cumulative average; the model is left in eval mode."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None  # cumulative average over the batches below
+    if isinstance(images, int):
+        images = torch.randn(64, 3, images, images)
+    model.train()
+    with torch.no_grad():
+        for start in range(0, len(images) - 1, 8):  # train-mode BatchNorm needs 2 or more
+            model(images[start : start + 8])
+    model.eval()
+
+
+def make_zoo_weights(source: str, out: Path, *, seed: int = 0, spread: float = 0.5) -> Path:
+    """`make_image_weights` for any classifier `--model` names (torchvision, timm): BatchNorm
+    statistics re-estimated on the generated validation images (preprocessed as the export will:
+    random noise is not what the gate feeds, and a random network's statistics on noise leave
+    some validation images far out of range), then the layer that computes the logits (the last
+    Linear or 1x1 Conv with one output per class) scaled until the logits' standard deviation
+    across those images is `spread`. Saved with torch.save (read back with `weights_only=True`): some timm
+    models share tensors, which safetensors refuses."""
+    import torch
+
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_transform
+    from ortpack.components.core.exporters.image_models import (
+        default_preprocessing,
+        load_image_network,
+        parse_image_source,
+    )
+
+    torch.manual_seed(seed)
+    image_source = parse_image_source(source)
+    pre = default_preprocessing(image_source)
+    model, _ = load_image_network(image_source, None, int(pre["crop_size"]))
+    transform = reference_transform(pre)
+    mean, std = torch.tensor(pre["mean"]).view(3, 1, 1), torch.tensor(pre["std"]).view(3, 1, 1)
+    images = torch.stack(
+        [(transform(torch.from_numpy(im).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in generated_validation_set().images]
+    )  # fmt: skip
+    reestimate_batchnorm(model, images)
+    with torch.no_grad():
+        logits = model(images)
+    classes = logits.shape[1]
+    heads = [
+        m for m in model.modules()
+        if (isinstance(m, torch.nn.Linear) and m.out_features == classes)
+        or (isinstance(m, torch.nn.Conv2d) and m.out_channels == classes)
+    ]  # fmt: skip
+    if heads:
+        factor = spread / max(float(logits.std(dim=0).mean()), 1e-6)
+        with torch.no_grad():
+            for head in heads:  # a distilled model averages two heads
+                head.weight.mul_(min(factor, 1e4))
+                if head.bias is not None:
+                    head.bias.mul_(min(factor, 1e4))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
     return out
 
 
@@ -371,3 +430,112 @@ def reference_rows(bundle: Path, texts: list[str], variant: str = "cpu-fp32") ->
         feeds = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
         rows.append(session.run(None, {k: np.array(v, dtype=np.int64) for k, v in feeds.items()})[0][0])
     return np.stack(rows)
+
+
+# Tiny random Hugging Face object detectors (5 classes, 10 queries) and their processors
+HF_DETECTOR_LABELS = {i: f"thing_{i}" for i in range(5)}
+_RESNET = {"embedding_size": 8, "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1], "layer_type": "basic"}
+_DETR = {
+    "d_model": 32,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "num_queries": 10,
+}
+_SHORTEST = {
+    "size": {"shortest_edge": 128, "longest_edge": 200},
+    "image_mean": [0.485, 0.456, 0.406],
+    "image_std": [0.229, 0.224, 0.225],
+}
+
+
+def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = None) -> Path:
+    """A random `model_type` detector saved as a checkpoint directory with its processor config;
+    its class heads scaled by `head_scale` (default 30; YOLOS 3: its tokens barely see the image,
+    so saturated scores would be the same everywhere) and their biases zeroed so scores differ between
+    queries and images (random heads give every query nearly the same scores: no detection, or
+    all of them)."""
+    import torch
+    import transformers as t
+
+    torch.manual_seed(0)
+    labels = {"id2label": HF_DETECTOR_LABELS, "label2id": {v: k for k, v in HF_DETECTOR_LABELS.items()}}
+    backbone = {"use_timm_backbone": False, "use_pretrained_backbone": False}
+    processor: dict[str, Any] = _SHORTEST
+    if model_type == "detr":
+        model = t.DetrForObjectDetection(
+            t.DetrConfig(
+                **backbone, backbone_config=t.ResNetConfig(**_RESNET, out_features=["stage4"]), **_DETR, **labels
+            )
+        )
+    elif model_type == "conditional_detr":
+        config = t.ConditionalDetrConfig(
+            **backbone, backbone_config=t.ResNetConfig(**_RESNET, out_features=["stage4"]), **_DETR, **labels
+        )
+        model = t.ConditionalDetrForObjectDetection(config)
+    elif model_type == "deformable_detr":
+        resnet = t.ResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
+        # two decoder layers: with one, transformers 5.24 fails to tie its box heads
+        config = t.DeformableDetrConfig(
+            **backbone,
+            backbone_config=resnet,
+            num_feature_levels=3,
+            encoder_n_points=2,
+            decoder_n_points=2,
+            **{**_DETR, "decoder_layers": 2},
+            **labels,
+        )
+        model = t.DeformableDetrForObjectDetection(config)
+    elif model_type == "yolos":
+        config = t.YolosConfig(
+            image_size=[96, 128],
+            patch_size=16,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_detection_tokens=10,
+            **labels,
+        )
+        model = t.YolosForObjectDetection(config)
+        processor = {**_SHORTEST, "size": {"shortest_edge": 96, "longest_edge": 160}}
+        with torch.no_grad():  # its detection tokens start as zeros and its 3-layer head at ~0: all queries alike
+            model.vit.embeddings.detection_tokens.normal_()
+            for layer in model.class_labels_classifier.layers[:-1]:
+                layer.weight.mul_(10.0)
+    elif model_type == "rt_detr":
+        resnet = t.RTDetrResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
+        config = t.RTDetrConfig(
+            backbone_config=resnet,
+            encoder_in_channels=[16, 32, 64],
+            encoder_hidden_dim=32,
+            d_model=32,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            decoder_layers=1,
+            encoder_layers=1,
+            num_queries=10,
+            num_feature_levels=3,
+            decoder_in_channels=[32, 32, 32],
+            **labels,
+        )
+        model = t.RTDetrForObjectDetection(config)
+        processor = {"size": {"height": 96, "width": 96}, "do_normalize": False}
+    else:
+        raise ValueError(f"no tiny detector for {model_type}")
+    classes = len(HF_DETECTOR_LABELS)
+    head_scale = head_scale or (3.0 if model_type == "yolos" else 30.0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.out_features in (classes, classes + 1):
+                module.weight.mul_(head_scale)
+                module.bias.zero_()  # RT-DETR's prior (-4.6: every sigmoid score ~0.01)
+                if module.out_features == classes + 1:  # softmax heads: "no object" led every query
+                    module.weight[-1].zero_()
+    path = root / f"tiny-{model_type}"
+    model.eval().save_pretrained(str(path))
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    return path

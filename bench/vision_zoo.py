@@ -1,0 +1,447 @@
+"""The vision zoos by name: every torchvision classifier, timm architectures and Hugging Face image
+classifiers, each exported, gated in fp32 against PyTorch and served once.
+
+    python bench/vision_zoo.py                       # the default groups (CI-sized, see GROUPS)
+    python bench/vision_zoo.py --groups all          # every row, the large torchvision ones too
+    python bench/vision_zoo.py --only timm:resnet18,hf:vit --int8
+
+Each row runs the pipeline's own steps: export (the task's exporter; random weights made
+non-degenerate, `spread_weights`: nothing is downloaded), cpu fp32 (optimize, validate against
+the task's gate), package without a benchmark, then a real server (`python -m ortpack.serving`
+on 127.0.0.1) answers one JPEG on its route.
+`--int8` adds the int8 variant (the accuracy-aware search) to each row. Hugging Face rows are tiny
+random configurations written here (`hf_checkpoint`: 64 px, two layers or stages) or, for
+detection, by `tests.models.make_hf_detector`.
+
+Writes bench/results/vision_zoo.json and vision_zoo.md (the table docs/vision-zoo.md shows); exits
+1 when a row that is expected to pass does not. Rows known not to build say why in KNOWN_MISSES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("ortpack.vision_zoo")
+
+# timm architectures by name, at their own default configs (CNNs, ViTs, hybrids, mobile nets)
+TIMM = (
+    "resnet18", "resnet50d", "resnext26ts", "efficientnet_b0", "tf_efficientnet_lite0", "mobilenetv3_small_100",
+    "mobilenetv4_conv_small", "ghostnet_100", "lcnet_050", "rexnet_100", "mixnet_s", "regnety_002", "densenet121",
+    "convnext_atto", "convnextv2_atto", "vit_tiny_patch16_224", "deit_tiny_patch16_224", "eva02_tiny_patch14_224",
+    "swin_tiny_patch4_window7_224", "maxvit_nano_rw_256", "coatnet_nano_rw_224", "tiny_vit_5m_224",
+    "levit_128s", "efficientvit_b0", "fastvit_t8", "repvit_m1", "mobilevit_xxs", "mobilevitv2_050",
+    "edgenext_xx_small", "poolformer_s12", "mobileone_s0", "hgnetv2_b0",
+)  # fmt: skip
+# Hugging Face image classifiers: model_type -> (config class, model class, config kwargs)
+VIT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+STAGES = {"hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1]}
+HF = {
+    "vit": ("ViTConfig", "ViTForImageClassification", {"image_size": 64, "patch_size": 16, **VIT}),
+    "deit": ("DeiTConfig", "DeiTForImageClassification", {"image_size": 64, "patch_size": 16, **VIT}),
+    "beit": ("BeitConfig", "BeitForImageClassification", {"image_size": 64, "patch_size": 16, **VIT}),
+    "data2vec-vision": (
+        "Data2VecVisionConfig", "Data2VecVisionForImageClassification", {"image_size": 64, "patch_size": 16, **VIT}
+    ),
+    "dinov2": ("Dinov2Config", "Dinov2ForImageClassification", {"image_size": 64, "patch_size": 16, **VIT}),
+    "convnext": ("ConvNextConfig", "ConvNextForImageClassification", {"image_size": 64, **STAGES}),
+    "convnextv2": ("ConvNextV2Config", "ConvNextV2ForImageClassification", {"image_size": 64, **STAGES}),
+    "swin": ("SwinConfig", "SwinForImageClassification",
+             {"image_size": 64, "patch_size": 4, "embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2],
+              "window_size": 4}),
+    "swinv2": ("Swinv2Config", "Swinv2ForImageClassification",
+               {"image_size": 64, "patch_size": 4, "embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2],
+                "window_size": 4}),
+    "resnet": ("ResNetConfig", "ResNetForImageClassification",
+               {"embedding_size": 16, "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1],
+                "layer_type": "basic"}),
+    "regnet": ("RegNetConfig", "RegNetForImageClassification",
+               {"embedding_size": 16, "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1], "groups_width": 8}),
+    "efficientnet": ("EfficientNetConfig", "EfficientNetForImageClassification",
+                     {"image_size": 64, "width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 128}),
+    "mobilenet_v2": ("MobileNetV2Config", "MobileNetV2ForImageClassification",
+                     {"image_size": 64, "depth_multiplier": 0.35}),
+    "mobilevit": ("MobileViTConfig", "MobileViTForImageClassification",
+                  {"image_size": 64, "hidden_sizes": [16, 24, 32], "neck_hidden_sizes": [8, 8, 16, 16, 24, 24, 48]}),
+    "mobilevitv2": ("MobileViTV2Config", "MobileViTV2ForImageClassification",
+                    {"image_size": 64, "width_multiplier": 0.25}),
+    "levit": ("LevitConfig", "LevitForImageClassification",
+              {"image_size": 64, "hidden_sizes": [32, 48, 64], "num_attention_heads": [1, 2, 2], "depths": [1, 1, 1],
+               "key_dim": [8, 8, 8]}),
+    "poolformer": ("PoolFormerConfig", "PoolFormerForImageClassification",
+                   {"hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1]}),
+}  # fmt: skip
+HF_PROCESSOR = {
+    "size": {"shortest_edge": 72}, "do_center_crop": True, "crop_size": {"height": 64, "width": 64},
+    "resample": 3, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+}  # fmt: skip
+# Hugging Face detectors (tests.models.make_hf_detector: tiny random configurations)
+HF_DETECTORS = ("detr", "conditional_detr", "rt_detr", "deformable_detr", "yolos")
+# torchvision builders too large for the default run (> 100 M parameters, or > 2 GB as ONNX)
+LARGE_PARAMETERS = 100_000_000
+# rows not tried, and why (the table says so)
+SKIPPED = {
+    "vit_h_14": "633 M parameters: the ONNX graph is over protobuf's 2 GB (bundles hold one file per variant)",
+    "regnet_y_128gf": "645 M parameters: the ONNX graph is over protobuf's 2 GB (bundles hold one file per variant)",
+}
+# rows tried that are expected to miss, and why (the table says so; the run fails when one of them
+# builds after all: then this list, the table and docs/vision-zoo.md are out of date)
+EXPECTED_MISSES = {
+    "hf:deformable_detr (detection)": "multi-scale deformable attention bakes the traced feature-map sizes into the "
+    "graph (TorchScript exporter): detections differ on photos of other sizes, and the gate refuses it",
+    "hf:yolos (detection)": "the tiny random configuration is degenerate (its detection tokens barely see the image), "
+    "so the export refuses it before any gate: no proof either way",
+}
+ROUTES = {
+    "image-classification": "/v1/classify",
+    "image-embedding": "/v1/embeddings/image",
+    "object-detection": "/v1/detect",
+}
+TASK_NAMES = {
+    "image-classification": "classification",
+    "image-embedding": "embeddings",
+    "object-detection": "detection",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One architecture and task of the table (`params`: torchvision's count, 0 elsewhere; the sweep
+    builds the smallest first)."""
+
+    zoo: str  # "torchvision", "timm", "huggingface"
+    name: str  # the architecture
+    source: str  # what --model gets ("" for a Hugging Face row: its checkpoint is written per run)
+    task: str = "image-classification"
+    group: str = "default"  # "default", "large" or "detection"
+    options: dict[str, Any] = field(default_factory=dict)
+    params: int = 0
+
+    @property
+    def key(self) -> str:
+        prefix = {"torchvision": "", "timm": "timm:", "huggingface": "hf:"}[self.zoo]
+        suffix = "" if self.task == "image-classification" else f" ({TASK_NAMES[self.task]})"
+        return f"{prefix}{self.name}{suffix}"
+
+
+def catalogue() -> list[Row]:
+    """Every row: torchvision's classifiers, the timm list, the Hugging Face list, two timm
+    embedders and torchvision's detection builders."""
+    import torchvision
+    from torchvision.models import get_model_weights
+
+    rows = []
+    for name in torchvision.models.list_models(module=torchvision.models):
+        params = int(get_model_weights(name).DEFAULT.meta.get("num_params", 0))
+        group = "large" if params > LARGE_PARAMETERS or name in SKIPPED else "default"
+        rows.append(Row("torchvision", name, name, group=group, params=params))
+    rows += [Row("timm", name, f"timm:{name}") for name in TIMM]
+    rows += [Row("huggingface", model_type, "") for model_type in HF]
+    rows += [
+        Row("timm", name, f"timm:{name}", task="image-embedding") for name in ("convnext_atto", "vit_tiny_patch16_224")
+    ]
+    detection = torchvision.models.list_models(module=torchvision.models.detection)
+    rows += [Row("torchvision", name, name, task="object-detection", group="detection") for name in detection]
+    rows += [Row("huggingface", name, "", task="object-detection", group="detection") for name in HF_DETECTORS]
+    return rows
+
+
+def hf_checkpoint(model_type: str, root: Path) -> Path:
+    """A random `model_type` image classifier (10 classes, 64 px) saved as a checkpoint directory."""
+    import torch
+    import transformers
+
+    config_class, model_class, kwargs = HF[model_type]
+    torch.manual_seed(0)
+    labels = {i: f"label_{i}" for i in range(10)}
+    config = getattr(transformers, config_class)(**kwargs, id2label=labels, label2id={v: k for k, v in labels.items()})
+    model = getattr(transformers, model_class)(config).eval()
+    path = root / f"tiny-{model_type}"
+    model.save_pretrained(str(path))
+    (path / "preprocessor_config.json").write_text(json.dumps(HF_PROCESSOR))
+    return path
+
+
+def spread_weights(row: Row, work: Path) -> Path:
+    """Random weights made non-degenerate (tests.models.make_zoo_weights): torchvision's and
+    timm's own initialisation gives nearly every image the same probabilities, which any graph
+    matches."""
+    from tests.models import make_detection_weights, make_zoo_weights
+
+    if row.task == "object-detection":
+        return make_detection_weights(row.source, work / "weights.safetensors")
+    return make_zoo_weights(row.source, work / "weights.pt")
+
+
+def serve_once(bundle: Path, route: str, work: Path) -> dict[str, Any]:
+    """A real server on the bundle answers one JPEG on `route`: the status and what came back."""
+    import httpx
+    import numpy as np
+
+    from tests.photos import encode, source_image
+    from tests.servers import running_server
+
+    jpeg = encode(np.ascontiguousarray(source_image("chelsea")[:300, :400]), "JPEG", quality=90)
+    with running_server(bundle, "--no-warmup", log_dir=work) as server:
+        t0 = time.perf_counter()
+        response = httpx.post(server.url + route, content=jpeg, headers={"content-type": "image/jpeg"}, timeout=60)
+        seconds = time.perf_counter() - t0
+    body = response.json()
+    return {"status": response.status_code, "seconds": round(seconds, 3), "answer": _summary(body)}
+
+
+def _summary(body: Any) -> str:
+    if isinstance(body, dict) and "data" in body:  # OpenAI-style embeddings
+        return f"{len(body['data'][0]['embedding'])}-d vector"
+    if isinstance(body, dict) and "detections" in body:
+        return f"{len(body['detections'])} detections"
+    if isinstance(body, dict) and "predictions" in body:
+        top = body["predictions"][0]
+        return f"top-1 {top['label']} {top['probability']:.3f}"
+    return json.dumps(body)[:120]
+
+
+def build_row(row: Row, work: Path, int8: bool) -> dict[str, Any]:
+    """Export, fp32 (and int8) optimize and validate, package, serve once: one record."""
+    from ortpack.components.core.artifacts import VariantRecord
+    from ortpack.components.core.export import export_model
+    from ortpack.components.core.optimize import optimize_model
+    from ortpack.components.core.package import package_bundle
+    from ortpack.components.core.parity import validate_variant
+    from ortpack.components.core.specs import ExportSpec, VariantSpec
+    from ortpack.components.core.tasks import thresholds_for
+    from tests.models import make_hf_detector
+
+    t0 = time.perf_counter()
+    source = row.source or str(
+        make_hf_detector(row.name, work) if row.task == "object-detection" else hf_checkpoint(row.name, work)
+    )
+    record: dict[str, Any] = {"zoo": row.zoo, "task": row.task, "source": row.source or f"hf:{row.name}"}
+    options = dict(row.options)
+    try:
+        if row.zoo != "huggingface":
+            options["weights"] = str(spread_weights(row, work))
+        export = export_model(ExportSpec(source=source, task=row.task, name="zoo", options=options), work / "export")
+    except Exception as exc:  # noqa: BLE001 - a failed row is a row of the table, not the end of the run
+        return {**record, "builds": False, "error": f"export: {type(exc).__name__}: {exc}", "seconds": _since(t0)}
+    pre = export.task_settings["preprocessing"]
+    record.update(
+        export_seconds=round(float(export.metrics["seconds"]), 1),
+        mb=round(float(export.metrics["mb"]), 1),
+        preprocessing=_describe(pre),
+        outputs=[o["shape"] for o in export.outputs],
+    )
+    records, variants = [], {}
+    for precision in ("fp32", "int8") if int8 else ("fp32",):
+        spec = VariantSpec(target="cpu", precision=precision)
+        vdir = work / spec.id
+        try:
+            built = optimize_model(work / "export", spec, vdir)
+            parity = validate_variant(vdir, work / "export", thresholds_for(row.task, precision))
+        except Exception as exc:  # noqa: BLE001
+            variants[precision] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        variants[precision] = {"passed": parity.passed, "misses": parity.misses, "gate": _gate(parity.values)}
+        if precision == "int8":
+            variants[precision]["candidate"] = (built.metrics.get("int8") or {}).get("candidate")
+        records.append(VariantRecord(model_dir=vdir, built=built, parity=parity, benchmark=None))
+    record["variants"] = variants
+    if any(r.passed for r in records):
+        try:
+            package_bundle(work / "export", records, work / "bundle")
+            record["served"] = serve_once(work / "bundle", ROUTES[row.task], work)
+        except Exception as exc:  # noqa: BLE001
+            record["served"] = {"status": 0, "answer": f"{type(exc).__name__}: {exc}"}
+    fp32 = variants.get("fp32", {})
+    record["builds"] = bool(fp32.get("passed")) and record.get("served", {}).get("status") == 200
+    record["seconds"] = _since(t0)
+    return record
+
+
+def _describe(pre: dict[str, Any]) -> str:
+    """`resize/crop interpolation` of a classifier's or embedder's graph; a detector's mode."""
+    if "resize_size" in pre:
+        return f"{pre['resize_size']}/{pre['crop_size']} {pre['interpolation']}"
+    return "the model's own" if pre.get("mode") == "model" else f"letterbox {pre.get('size')}"
+
+
+def _since(t0: float) -> float:
+    return round(time.perf_counter() - t0, 1)
+
+
+def _gate(values: dict[str, float]) -> dict[str, float]:
+    keys = ("max_abs_diff", "top1_agreement", "decisive_top1_agreement", "min_cosine", "matched_recall",
+            "max_box_diff_px", "max_score_diff")  # fmt: skip
+    return {k: float(values[k]) for k in keys if k in values}
+
+
+def _fmt_gate(variant: dict[str, Any] | None) -> str:
+    if not variant:
+        return "not run"
+    if "error" in variant:
+        return f"**error**: {variant['error'][:90]}"
+    gate = variant["gate"]
+    numbers = ", ".join(
+        f"{label} {gate[key]:.3g}"
+        for key, label in (
+            ("max_abs_diff", "max diff"),
+            ("top1_agreement", "top-1"),
+            ("min_cosine", "min cos"),
+            ("matched_recall", "recall"),
+            ("max_box_diff_px", "box px"),
+            ("max_score_diff", "score diff"),
+        )
+        if key in gate
+    )
+    verdict = "pass" if variant["passed"] else f"**miss** ({'; '.join(variant['misses'])[:80]})"
+    return f"{verdict}: {numbers}"
+
+
+def markdown(rows: dict[str, dict[str, Any]]) -> str:
+    order = {row.key: i for i, row in enumerate(catalogue())}  # the catalogue's order, whatever ran first
+    rows = dict(sorted(rows.items(), key=lambda item: order.get(item[0], len(order))))
+    lines = [
+        "| zoo | model | task | builds | preprocessing | MB | fp32 gate | int8 | served | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, row in rows.items():
+        task = TASK_NAMES[row["task"]]
+        if "variants" not in row:
+            reason = row.get("skipped") or row.get("expected_miss") or row.get("error", "")
+            lines.append(
+                f"| {row['zoo']} | {key} | {task} | **no**: {reason[:160]} | | | | | | {row.get('seconds', '')} |"
+            )
+            continue
+        variants = row["variants"]
+        int8 = variants.get("int8")
+        if int8 and "error" not in int8:
+            int8_text = f"{_fmt_gate(int8)} ({int8.get('candidate') or '-'})"
+        else:
+            int8_text = _fmt_gate(int8)
+        served = row.get("served", {})
+        served_text = f"{served.get('status', '-')} {served.get('answer', '')}" if served else "-"
+        builds = "yes" if row["builds"] else f"**no**: {row['expected_miss']}" if "expected_miss" in row else "**no**"
+        lines.append(
+            f"| {row['zoo']} | {key} | {task} | {builds} | {row['preprocessing']} "
+            f"| {row['mb']} | {_fmt_gate(variants.get('fp32'))} | {int8_text} | {served_text} | {row['seconds']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def counts(rows: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Per zoo and task: rows that build of rows tried."""
+    out: dict[str, list[int]] = {}
+    for row in rows.values():
+        key = f"{row['zoo']} {row['task']}"
+        built, tried = out.setdefault(key, [0, 0])
+        out[key] = [built + bool(row.get("builds")), tried + 1]
+    return {key: f"{built}/{tried}" for key, (built, tried) in out.items()}
+
+
+def main() -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--groups", default="default", help="default, large, detection (comma-separated) or all")
+    parser.add_argument("--only", default="", help="comma-separated row keys (mobilenet_v2, timm:resnet18, hf:vit)")
+    parser.add_argument("--int8", action="store_true", help="build and gate the int8 variant of each row too")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vision_zoo"), help="output path stem")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the rows already in OUT.json that this run does not build"
+    )
+    parser.add_argument("--skip-done", action="store_true", help="with --merge: do not build rows OUT.json already has")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("ortpack.export", "ortpack.optimize", "ortpack.parity", "ortpack.package", "onnxruntime"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    only = {k.strip() for k in args.only.split(",") if k.strip()}
+    groups = {"default", "large", "detection"} if args.groups == "all" else set(args.groups.split(","))
+    chosen = sorted((r for r in catalogue() if (r.key in only if only else r.group in groups)), key=lambda r: r.params)
+    out = Path(args.out)
+    rows: dict[str, dict[str, Any]] = {}
+    if args.merge and out.with_suffix(".json").is_file():  # a sweep in parts: earlier rows stay
+        rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+        if args.skip_done:
+            chosen = [r for r in chosen if r.key not in rows]
+    work_root = Path(tempfile.mkdtemp(prefix="ortpack-zoo-"))
+    try:
+        for i, row in enumerate(chosen, 1):
+            if row.name in SKIPPED and row.zoo == "torchvision":
+                rows[row.key] = {"zoo": row.zoo, "task": row.task, "builds": False, "skipped": SKIPPED[row.name]}
+                continue
+            log.info("[%d/%d] %s", i, len(chosen), row.key)
+            work = work_root / f"row{i}"
+            work.mkdir()
+            rows[row.key] = build_row(row, work, args.int8)
+            log.info(
+                "%s: %s in %.0f s",
+                row.key,
+                "builds" if rows[row.key]["builds"] else rows[row.key],
+                rows[row.key]["seconds"],
+            )
+            shutil.rmtree(work, ignore_errors=True)
+            write_results(rows, out, " ".join(sys.argv[1:]), quiet=True)  # after every row: a stop loses nothing
+    finally:
+        shutil.rmtree(work_root, ignore_errors=True)
+    write_results(rows, out, " ".join(sys.argv[1:]))
+    for key, row in rows.items():
+        if key in EXPECTED_MISSES:
+            row["expected_miss"] = EXPECTED_MISSES[key]
+    unexpected = [k for k, r in rows.items() if not r["builds"] and "skipped" not in r and k not in EXPECTED_MISSES]
+    for key in unexpected:
+        log.error("%s does not build: %s", key, rows[key].get("error") or rows[key].get("variants"))
+    surprises = [k for k, r in rows.items() if r["builds"] and k in EXPECTED_MISSES]
+    for key in surprises:
+        log.error("%s builds: take it out of EXPECTED_MISSES", key)
+    return 1 if unexpected or surprises else 0
+
+
+def write_results(rows: dict[str, dict[str, Any]], out: Path, argv: str, quiet: bool = False) -> None:
+    import onnxruntime
+    import timm
+    import torch
+    import torchvision
+    import transformers
+
+    from ortpack.kernel.hardware import this_machine
+
+    hardware = this_machine()
+    versions = {
+        "torch": torch.__version__, "torchvision": torchvision.__version__, "timm": timm.__version__,
+        "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
+    }  # fmt: skip
+    meta = {
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpu": hardware.summary(), "cores": hardware.cores},
+        "versions": versions,
+        "counts": counts(rows),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    table = markdown(rows)
+    summary = ", ".join(f"{key} {value}" for key, value in meta["counts"].items())
+    out.with_suffix(".md").write_text(
+        f"Generated by `python bench/vision_zoo.py {argv}`".rstrip() + f" on {meta['created_at']} "
+        f"({meta['machine']['cpu']}; {', '.join(f'{k} {v}' for k, v in versions.items())}).\n\n"
+        f"Builds (fp32 gate passed and served): {summary}.\n\n{table}"
+    )
+    if not quiet:
+        print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
