@@ -114,12 +114,14 @@ def reestimate_batchnorm(model: Any, images: Any) -> None:
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.reset_running_stats()
             module.momentum = None  # cumulative average over the batches below
-    if isinstance(images, int):
-        images = torch.randn(64, 3, images, images)
     model.train()
     with torch.no_grad():
-        for start in range(0, len(images) - 1, 8):  # train-mode BatchNorm needs 2 or more
-            model(images[start : start + 8])
+        if isinstance(images, int):
+            for _ in range(8):
+                model(torch.randn(8, 3, images, images))
+        else:
+            for start in range(0, len(images) - 1, 8):  # train-mode BatchNorm needs 2 or more
+                model(images[start : start + 8])
     model.eval()
 
 
