@@ -125,17 +125,24 @@ def reestimate_batchnorm(model: Any, images: Any) -> None:
     model.eval()
 
 
-def make_zoo_weights(source: str, out: Path, *, seed: int = 0, spread: float = 0.5) -> Path:
-    """`make_image_weights` for any classifier `--model` names (torchvision, timm): BatchNorm
-    statistics re-estimated on the generated validation images (preprocessed as the export will:
-    random noise is not what the gate feeds, and a random network's statistics on noise leave
-    some validation images far out of range), then the layer that computes the logits (the last
-    Linear or 1x1 Conv with one output per class) scaled until the logits' standard deviation
-    across those images is `spread`. Saved with torch.save (read back with `weights_only=True`): some timm
-    models share tensors, which safetensors refuses."""
+def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 5.0) -> Path:
+    """`make_image_weights` for any classifier `--model` names (torchvision, timm), as a trained
+    classifier behaves: decisive on the images it is shown. BatchNorm statistics are re-estimated on
+    the generated validation images and files (preprocessed as the export will: on noise, a random network's
+    statistics leave some validation images far out of range), then the layer that computes the
+    logits (the last Linear or 1x1 Conv with one output per class) is fitted to give each of those
+    images its own top five classes with clear gaps (`prototype_heads`): with random heads the
+    probabilities are flat,
+    and near-tied classes swap places on a one-level pixel difference, a flip no trained model
+    shows. Saved with torch.save (read back with `weights_only=True`): some timm models share
+    tensors, which safetensors refuses."""
     import torch
 
-    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_transform
+    from ortpack.components.core.exporters.image_common import (
+        generated_validation_set,
+        reference_decode,
+        reference_transform,
+    )
     from ortpack.components.core.exporters.image_models import (
         default_preprocessing,
         load_image_network,
@@ -148,29 +155,59 @@ def make_zoo_weights(source: str, out: Path, *, seed: int = 0, spread: float = 0
     model, _ = load_image_network(image_source, None, int(pre["crop_size"]))
     transform = reference_transform(pre)
     mean, std = torch.tensor(pre["mean"]).view(3, 1, 1), torch.tensor(pre["std"]).view(3, 1, 1)
+    validation = generated_validation_set()  # the raw images and the encoded files, as the server decodes them
+    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
     images = torch.stack(
-        [(transform(torch.from_numpy(im).permute(2, 0, 1)).float() / 255.0 - mean) / std
-         for im in generated_validation_set().images]
+        [(transform(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
     )  # fmt: skip
     reestimate_batchnorm(model, images)
-    with torch.no_grad():
-        logits = model(images)
-    classes = logits.shape[1]
-    heads = [
-        m for m in model.modules()
-        if (isinstance(m, torch.nn.Linear) and m.out_features == classes)
-        or (isinstance(m, torch.nn.Conv2d) and m.out_channels == classes)
-    ]  # fmt: skip
-    if heads:
-        factor = spread / max(float(logits.std(dim=0).mean()), 1e-6)
-        with torch.no_grad():
-            for head in heads:  # a distilled model averages two heads
-                head.weight.mul_(min(factor, 1e4))
-                if head.bias is not None:
-                    head.bias.mul_(min(factor, 1e4))
+    prototype_heads(model, images, margin)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
     return out
+
+
+def prototype_heads(model: Any, images: Any, margin: float, ranks: int = 5) -> None:
+    """The logits layer(s) of `model` fitted (ridge regression on the layer's inputs) so that image
+    i of `images` scores `margin` for class i and margin x (1 - k / ranks) for the k-th class after
+    it, k < ranks: its top-1 and top-5 are decided by clear gaps, as a trained classifier's are.
+    Classes past the images' count score about 0. A distilled model's two heads get the same."""
+    import torch
+
+    with torch.no_grad():
+        classes = model(images[:2]).shape[1]
+    heads = [
+        m for m in model.modules()
+        if (isinstance(m, torch.nn.Linear) and m.out_features == classes)
+        or (isinstance(m, torch.nn.Conv2d) and m.out_channels == classes and m.kernel_size == (1, 1))
+    ]  # fmt: skip
+    if not heads:
+        raise ValueError("no layer with one output per class")
+    captured: list[Any] = []
+    hook = heads[-1].register_forward_hook(lambda module, args, output: captured.append(args[0].detach()))
+    with torch.no_grad():
+        model(images)
+    hook.remove()
+    features = captured[0].mean(dim=(2, 3)) if captured[0].dim() == 4 else captured[0].flatten(1)
+    features = features.double()
+    centre = features.mean(dim=0)
+    centred = features - centre
+    count = min(len(centred), classes)
+    targets = torch.zeros(len(centred), classes, dtype=torch.float64)
+    for i in range(len(centred)):
+        for k in range(ranks):
+            targets[i, (i + k) % count] = margin * (1 - k / ranks)
+    gram = centred @ centred.T
+    ridge = 0.1 * float(gram.diagonal().mean())  # keeps the weights small: a pixel's noise stays small
+    weight = torch.linalg.solve(gram + ridge * torch.eye(len(gram), dtype=torch.float64), targets).T @ centred
+    with torch.no_grad():
+        for head in heads:
+            if head.weight.shape[1] != weight.shape[1]:
+                continue
+            head.weight.copy_(weight.float().view_as(head.weight))
+            if head.bias is not None:
+                head.bias.copy_(-(weight @ centre).float())
 
 
 def make_detection_weights(name: str, out: Path, *, seed: int = 0, head_scale: float = 20.0) -> Path:
