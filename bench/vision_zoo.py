@@ -89,7 +89,7 @@ HF_PROCESSOR = {
     "resample": 3, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
 }  # fmt: skip
 # Hugging Face detectors (tests.models.make_hf_detector: tiny random configurations)
-HF_DETECTORS = ("detr", "conditional_detr", "rt_detr", "deformable_detr", "yolos")
+HF_DETECTORS = ("detr", "conditional_detr", "table-transformer", "rt_detr", "rt_detr_v2", "deformable_detr", "yolos")
 # torchvision builders too large for the default run (> 100 M parameters, or > 2 GB as ONNX)
 LARGE_PARAMETERS = 100_000_000
 # rows not tried, and why (the table says so)

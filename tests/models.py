@@ -515,6 +515,29 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
             **backbone, backbone_config=t.ResNetConfig(**_RESNET, out_features=["stage4"]), **_DETR, **labels
         )
         model = t.ConditionalDetrForObjectDetection(config)
+    elif model_type == "table-transformer":
+        config = t.TableTransformerConfig(
+            **backbone, backbone_config=t.ResNetConfig(**_RESNET, out_features=["stage4"]), **_DETR, **labels
+        )
+        model = t.TableTransformerForObjectDetection(config)
+    elif model_type == "rt_detr_v2":
+        resnet = t.RTDetrResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
+        config = t.RTDetrV2Config(
+            backbone_config=resnet,
+            encoder_in_channels=[16, 32, 64],
+            encoder_hidden_dim=32,
+            d_model=32,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            decoder_layers=2,  # with one, transformers 5.24 fails to tie its box heads
+            encoder_layers=1,
+            num_queries=10,
+            num_feature_levels=3,
+            decoder_in_channels=[32, 32, 32],
+            **labels,
+        )
+        model = t.RTDetrV2ForObjectDetection(config)
+        processor = {"size": {"height": 96, "width": 96}, "do_normalize": False}
     elif model_type == "deformable_detr":
         resnet = t.ResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
         # two decoder layers: with one, transformers 5.24 fails to tie its box heads
