@@ -159,3 +159,13 @@ def test_detection_resize_size_is_the_same_in_the_graph(tmp_path: Path) -> None:
         assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3
         mismatched += sessions["factor"].run(None, {"x": x.numpy()})[0].shape != ByFactor()(x).shape
     assert mismatched >= 1  # the bug this works around is still there: else drop detection_resize.py
+
+
+def test_a_vision_checkpoint_given_to_the_text_task_is_told_its_task() -> None:
+    from ortpack.components.core.errors import ExportError
+    from ortpack.components.core.exporters.families import family_for
+
+    with pytest.raises(ExportError, match=r"'vit' \(an image classifier: give --task image-classification\)"):
+        family_for({"model_type": "vit"})
+    with pytest.raises(ExportError, match=r"'detr' \(an object detector: give --task object-detection\)"):
+        family_for({"model_type": "detr"})

@@ -193,5 +193,18 @@ def family_for(config: dict[str, Any]) -> EncoderFamily:
     elif config.get("auto_map"):
         reason = f"{model_type} needs the checkpoint's own code (auto_map), which ortpack never runs"
     else:
-        reason = f"unsupported architecture {model_type!r}"
+        reason = f"unsupported architecture {model_type!r}{_vision_hint(model_type)}"
     raise ExportError(f"{reason}; text-embedding exports the encoder families: {supported}")
+
+
+def _vision_hint(model_type: str) -> str:
+    """` (a vision model: give --task TASK)` for a Hugging Face vision checkpoint, else ""."""
+    try:  # transformers' own tables (the export step has transformers; a torch-free image does not)
+        from transformers.models.auto import modeling_auto as auto
+    except ImportError:
+        return ""
+    if model_type in auto.MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES:
+        return " (an object detector: give --task object-detection)"
+    if model_type in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return " (an image classifier: give --task image-classification)"
+    return ""
