@@ -125,7 +125,7 @@ def reestimate_batchnorm(model: Any, images: Any) -> None:
     model.eval()
 
 
-def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 5.0) -> Path:
+def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 4.0) -> Path:
     """`make_image_weights` for any classifier `--model` names (torchvision, timm), as a trained
     classifier behaves: decisive on the images it is shown. BatchNorm statistics are re-estimated on
     the generated validation images and files (preprocessed as the export will: on noise, a random network's
@@ -171,7 +171,8 @@ def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 5
 def prototype_heads(model: Any, images: Any, margin: float, ranks: int = 5) -> None:
     """The logits layer(s) of `model` fitted (ridge regression on the layer's inputs) so that image
     i of `images` scores `margin` for class i and margin x (1 - k / ranks) for the k-th class after
-    it, k < ranks: its top-1 and top-5 are decided by clear gaps, as a trained classifier's are.
+    it, k < ranks (images whose features are within 5 % of an earlier one's share its classes): its
+    top-1 and top-5 are decided by clear gaps, as a trained classifier's are.
     Classes past the images' count score about 0. A distilled model's two heads get the same."""
     import torch
 
@@ -193,13 +194,19 @@ def prototype_heads(model: Any, images: Any, margin: float, ranks: int = 5) -> N
     features = features.double()
     centre = features.mean(dim=0)
     centred = features - centre
-    count = min(len(centred), classes)
+    # the same picture twice (a PNG and a JPEG of it, EXIF orientations of one photo) gets one class:
+    # two classes for one set of features would tie, and a tie flips on anything
+    owner: list[int] = []
+    for i, row in enumerate(centred):
+        same = [owner[j] for j in range(i) if float((row - centred[j]).norm()) <= 0.05 * float(centred[j].norm())]
+        owner.append(same[0] if same else max(owner, default=-1) + 1)
+    count = min(max(owner) + 1, classes)
     targets = torch.zeros(len(centred), classes, dtype=torch.float64)
-    for i in range(len(centred)):
+    for i, first in enumerate(owner):
         for k in range(ranks):
-            targets[i, (i + k) % count] = margin * (1 - k / ranks)
+            targets[i, (first + k) % count] = margin * (1 - k / ranks)
     gram = centred @ centred.T
-    ridge = 0.1 * float(gram.diagonal().mean())  # keeps the weights small: a pixel's noise stays small
+    ridge = 0.01 * float(gram.diagonal().mean())  # keeps the weights small: a pixel's noise stays small
     weight = torch.linalg.solve(gram + ridge * torch.eye(len(gram), dtype=torch.float64), targets).T @ centred
     with torch.no_grad():
         for head in heads:
