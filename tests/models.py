@@ -138,11 +138,7 @@ def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 4
     tensors, which safetensors refuses."""
     import torch
 
-    from ortpack.components.core.exporters.image_common import (
-        generated_validation_set,
-        reference_decode,
-        reference_transform,
-    )
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
     from ortpack.components.core.exporters.image_models import (
         default_preprocessing,
         load_image_network,
@@ -153,14 +149,8 @@ def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 4
     image_source = parse_image_source(source)
     pre = default_preprocessing(image_source)
     model, _ = load_image_network(image_source, None, int(pre["crop_size"]))
-    transform = reference_transform(pre)
-    mean, std = torch.tensor(pre["mean"]).view(3, 1, 1), torch.tensor(pre["std"]).view(3, 1, 1)
     validation = generated_validation_set()  # the raw images and the encoded files, as the server decodes them
-    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
-    images = torch.stack(
-        [(transform(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
-         for im in decoded]
-    )  # fmt: skip
+    images = zoo_images(pre, [*validation.images, *(reference_decode(data) for data in validation.files)])
     reestimate_batchnorm(model, images)
     prototype_heads(model, images, margin)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -168,11 +158,26 @@ def make_zoo_weights(source: str, out: Path, *, seed: int = 0, margin: float = 4
     return out
 
 
+def zoo_images(pre: dict[str, Any], decoded: list[np.ndarray]) -> Any:
+    """Decoded images as the export's graph feeds its network: resized, cropped, normalised."""
+    import torch
+
+    from ortpack.components.core.exporters.image_common import reference_transform
+
+    transform = reference_transform(pre)
+    mean, std = torch.tensor(pre["mean"]).view(3, 1, 1), torch.tensor(pre["std"]).view(3, 1, 1)
+    return torch.stack(
+        [(transform(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
+    )  # fmt: skip
+
+
 def prototype_heads(model: Any, images: Any, margin: float, ranks: int = 5) -> None:
     """The logits layer(s) of `model` fitted (ridge regression on the layer's inputs) so that image
     i of `images` scores `margin` for class i and margin x (1 - k / ranks) for the k-th class after
     it, k < ranks (images whose features are within 5 % of an earlier one's share its classes): its
-    top-1 and top-5 are decided by clear gaps, as a trained classifier's are.
+    top-1 and top-5 are decided by clear gaps, as a trained classifier's are. With fewer classes
+    than distinct images (a 10-class head), class k is the images' k-th principal direction.
     Classes past the images' count score about 0. A distilled model's two heads get the same."""
     import torch
 
@@ -200,14 +205,20 @@ def prototype_heads(model: Any, images: Any, margin: float, ranks: int = 5) -> N
     for i, row in enumerate(centred):
         same = [owner[j] for j in range(i) if float((row - centred[j]).norm()) <= 0.05 * float(centred[j].norm())]
         owner.append(same[0] if same else max(owner, default=-1) + 1)
-    count = min(max(owner) + 1, classes)
-    targets = torch.zeros(len(centred), classes, dtype=torch.float64)
-    for i, first in enumerate(owner):
-        for k in range(ranks):
-            targets[i, (first + k) % count] = margin * (1 - k / ranks)
-    gram = centred @ centred.T
-    ridge = 0.01 * float(gram.diagonal().mean())  # keeps the weights small: a pixel's noise stays small
-    weight = torch.linalg.solve(gram + ridge * torch.eye(len(gram), dtype=torch.float64), targets).T @ centred
+    if max(owner) < classes:
+        targets = torch.zeros(len(centred), classes, dtype=torch.float64)
+        for i, first in enumerate(owner):
+            for k in range(ranks):
+                targets[i, (first + k) % (max(owner) + 1)] = margin * (1 - k / ranks)
+        gram = centred @ centred.T
+        ridge = 0.01 * float(gram.diagonal().mean())  # keeps the weights small: a pixel's noise stays small
+        weight = torch.linalg.solve(gram + ridge * torch.eye(len(gram), dtype=torch.float64), targets).T @ centred
+    else:  # fewer classes than images: the images' principal directions, each scaled to a spread of margin / 2
+        _, singular, directions = torch.linalg.svd(centred, full_matrices=False)
+        weight = torch.zeros(classes, centred.shape[1], dtype=torch.float64)
+        k = min(classes, len(singular))
+        spread = singular[:k] / len(centred) ** 0.5
+        weight[:k] = directions[:k] * (margin / 2 / spread.clamp_min(1e-9))[:, None]
     with torch.no_grad():
         for head in heads:
             if head.weight.shape[1] != weight.shape[1]:
@@ -501,8 +512,8 @@ _SHORTEST = {
 def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = None) -> Path:
     """A random `model_type` detector saved as a checkpoint directory with its processor config;
     its class heads scaled by `head_scale` (default 30; YOLOS 3: its tokens barely see the image,
-    so saturated scores would be the same everywhere) and their biases zeroed so scores differ between
-    queries and images (random heads give every query nearly the same scores: no detection, or
+    so saturated scores would be the same everywhere), a sigmoid head's prior bias zeroed, so that
+    scores differ between queries and images (random heads give every query nearly the same scores: no detection, or
     all of them)."""
     import torch
     import transformers as t
@@ -601,9 +612,8 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.out_features in (classes, classes + 1):
                 module.weight.mul_(head_scale)
-                module.bias.zero_()  # RT-DETR's prior (-4.6: every sigmoid score ~0.01)
-                if module.out_features == classes + 1:  # softmax heads: "no object" led every query
-                    module.weight[-1].zero_()
+                if module.out_features == classes:  # sigmoid heads: RT-DETR's prior (-4.6) scores ~0.01
+                    module.bias.zero_()
     path = root / f"tiny-{model_type}"
     model.eval().save_pretrained(str(path))
     (path / "preprocessor_config.json").write_text(json.dumps(processor))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
         (Row("timm", "resnet18", "timm:resnet18"), "top-1 "),
         (Row("timm", "convnext_atto", "timm:convnext_atto", task="image-embedding"), "320-d vector"),
         (Row("huggingface", "convnext", ""), "top-1 label_"),
-        (Row("huggingface", "detr", "", task="object-detection"), " detections"),
+        (Row("huggingface", "conditional_detr", "", task="object-detection"), " detections"),
         (Row("huggingface", "rt_detr", "", task="object-detection"), " detections"),
     ],
     ids=lambda value: value.key if isinstance(value, Row) else None,

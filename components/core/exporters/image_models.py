@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,12 @@ def load_state(network: Any, state: dict[str, Any], weights: str, model: str) ->
             f"{weights} does not match {model}: {k} is {tuple(state[k].shape)} in the file, "
             f"{tuple(expected[k].shape)} in the model ({len(shapes)} such)"
         )
+    if getattr(state, "_metadata", None) is None:
+        # a safetensors file (or a plain dict) has no module versions, and some modules refuse to
+        # load without one (torchvision's MNASNet: "version should be set to 1 or 2"): the
+        # network's own, the versions of the code it was built with
+        state = OrderedDict(state)
+        state._metadata = getattr(network.state_dict(), "_metadata", None)  # type: ignore[attr-defined]
     network.load_state_dict(state, strict=True)
 
 
