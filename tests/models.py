@@ -213,12 +213,12 @@ def prototype_heads(model: Any, images: Any, margin: float, ranks: int = 5) -> N
         gram = centred @ centred.T
         ridge = 0.01 * float(gram.diagonal().mean())  # keeps the weights small: a pixel's noise stays small
         weight = torch.linalg.solve(gram + ridge * torch.eye(len(gram), dtype=torch.float64), targets).T @ centred
-    else:  # fewer classes than images: the images' principal directions, each scaled to a spread of margin / 2
+    else:  # fewer classes than images: the images' principal directions, each scaled to a spread of margin / 4
         _, singular, directions = torch.linalg.svd(centred, full_matrices=False)
         weight = torch.zeros(classes, centred.shape[1], dtype=torch.float64)
         k = min(classes, len(singular))
         spread = singular[:k] / len(centred) ** 0.5
-        weight[:k] = directions[:k] * (margin / 2 / spread.clamp_min(1e-9))[:, None]
+        weight[:k] = directions[:k] * (margin / 4 / spread.clamp_min(1e-9))[:, None]
     with torch.no_grad():
         for head in heads:
             if head.weight.shape[1] != weight.shape[1]:
