@@ -155,9 +155,9 @@ def test_image_run_checks_its_files_first(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert result.returncode == 2 and "weights file not found" in result.stderr
-    unknown = ortpack_run("--model", "vgg11", "--task", "image-classification", cwd=tmp_path)
+    unknown = ortpack_run("--model", "mobilenetv2", "--task", "image-classification", cwd=tmp_path)
     assert unknown.returncode == 2
-    assert "unknown image model 'vgg11': give a torchvision name (mobilenet_v3_small" in unknown.stderr
+    assert "unknown image model 'mobilenetv2'; did you mean 'mobilenet_v2'?: give a torchvision" in unknown.stderr
     assert not (tmp_path / "runs").exists()
 
 
