@@ -502,6 +502,9 @@ _DETR = {
     "decoder_ffn_dim": 64,
     "num_queries": 10,
 }
+_RT_DETR = {"encoder_in_channels": [16, 32, 64], "encoder_hidden_dim": 32, "d_model": 32, "encoder_ffn_dim": 64,
+            "decoder_ffn_dim": 64, "decoder_layers": 1, "encoder_layers": 1, "num_queries": 10,
+            "num_feature_levels": 3, "decoder_in_channels": [32, 32, 32]}  # fmt: skip
 _SHORTEST = {
     "size": {"shortest_edge": 128, "longest_edge": 200},
     "image_mean": [0.485, 0.456, 0.406],
@@ -540,20 +543,8 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
         model = t.TableTransformerForObjectDetection(config)
     elif model_type == "rt_detr_v2":
         resnet = t.RTDetrResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
-        config = t.RTDetrV2Config(
-            backbone_config=resnet,
-            encoder_in_channels=[16, 32, 64],
-            encoder_hidden_dim=32,
-            d_model=32,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            decoder_layers=2,  # with one, transformers 5.24 fails to tie its box heads
-            encoder_layers=1,
-            num_queries=10,
-            num_feature_levels=3,
-            decoder_in_channels=[32, 32, 32],
-            **labels,
-        )
+        # with one decoder layer, transformers 5.24 fails to tie its box heads
+        config = t.RTDetrV2Config(backbone_config=resnet, **{**_RT_DETR, "decoder_layers": 2}, **labels)
         model = t.RTDetrV2ForObjectDetection(config)
         processor = {"size": {"height": 96, "width": 96}, "do_normalize": False}
     elif model_type == "deformable_detr":
@@ -588,20 +579,7 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
                 layer.weight.mul_(10.0)
     elif model_type == "rt_detr":
         resnet = t.RTDetrResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
-        config = t.RTDetrConfig(
-            backbone_config=resnet,
-            encoder_in_channels=[16, 32, 64],
-            encoder_hidden_dim=32,
-            d_model=32,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            decoder_layers=1,
-            encoder_layers=1,
-            num_queries=10,
-            num_feature_levels=3,
-            decoder_in_channels=[32, 32, 32],
-            **labels,
-        )
+        config = t.RTDetrConfig(backbone_config=resnet, **_RT_DETR, **labels)
         model = t.RTDetrForObjectDetection(config)
         processor = {"size": {"height": 96, "width": 96}, "do_normalize": False}
     else:

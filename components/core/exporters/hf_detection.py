@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ortpack.components.core.errors import InvalidSpecError, ModelLoadError, one_line
 from ortpack.components.core.exporters.detection_resize import resize_to_fit
+from ortpack.components.core.exporters.hf_vision import checkpoint_model_type
 from ortpack.kernel.bundle import sha256_file
 
 # model_types whose class scores are a softmax with a trailing "no object" class (the others: a
@@ -48,13 +49,9 @@ def object_detection_types() -> dict[str, Any]:
 def hf_detector_type(value: str) -> str | None:
     """The model_type of a local Hugging Face object-detection checkpoint; None when `value` is not
     a checkpoint directory (ModelLoadError when it is one of another kind)."""
-    config = Path(value).expanduser() / "config.json"
-    if not config.is_file():
+    model_type = checkpoint_model_type(value)
+    if model_type is None:
         return None
-    try:
-        model_type = str(json.loads(config.read_text()).get("model_type", ""))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {config}: {exc}") from None
     if model_type not in object_detection_types():
         raise ModelLoadError(
             f"{value} is a {model_type or 'unknown'} checkpoint, not one transformers loads as an object "

@@ -39,16 +39,24 @@ MODELS = {
 RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes, as the processors store them
 
 
-def hf_vision_type(value: str) -> str | None:
-    """The model_type of a local Hugging Face vision checkpoint directory, or None when `value`
-    is not one (ModelLoadError when it is a checkpoint of a type not served here)."""
+def checkpoint_model_type(value: str) -> str | None:
+    """The model_type in a local checkpoint directory's config.json ("" when it names none), or
+    None when `value` has no config.json; an unreadable config is one ModelLoadError line."""
     config = Path(value).expanduser() / "config.json"
     if not config.is_file():
         return None
     try:
-        model_type = str(json.loads(config.read_text()).get("model_type", ""))
+        return str(json.loads(config.read_text()).get("model_type", ""))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read {config}: {exc}") from None
+
+
+def hf_vision_type(value: str) -> str | None:
+    """The model_type of a local Hugging Face vision checkpoint directory, or None when `value`
+    is not one (ModelLoadError when it is a checkpoint of a type not served here)."""
+    model_type = checkpoint_model_type(value)
+    if model_type is None:
+        return None
     if model_type not in MODELS:
         raise ModelLoadError(
             f"{value} is a {model_type or 'unknown'} checkpoint; image embeddings take {', '.join(sorted(MODELS))}"
