@@ -82,3 +82,26 @@ class EfficientNetLite(nn.Module):
 def efficientnet_lite0() -> EfficientNetLite:
     """The factory `--model examples.efficientnet_lite:efficientnet_lite0` calls."""
     return EfficientNetLite()
+
+
+class EfficientNetLiteSegmenter(EfficientNetLite):
+    """EfficientNet-Lite's trunk with a 1x1 convolution per class on its last feature map (stride
+    32): a small semantic segmenter whose logits ortpack resizes back to the photo. Its trunk takes
+    an EfficientNet-Lite classifier checkpoint as it is (the classifier's `_fc` is not used)."""
+
+    def __init__(self, classes: int = 21) -> None:
+        super().__init__()
+        del self._fc
+        self._seg_head = nn.Conv2d(1280, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu6(self._bn0(self._conv_stem(x)))
+        for block in self._blocks:
+            x = block(x)
+        return self._seg_head(F.relu6(self._bn1(self._conv_head(x))))
+
+
+def efficientnet_lite0_segmenter() -> EfficientNetLiteSegmenter:
+    """The factory `--task semantic-segmentation --model examples.efficientnet_lite:efficientnet_lite0_segmenter`
+    calls (with --task-option resize=fixed: its "SAME" padding is fixed at one input size)."""
+    return EfficientNetLiteSegmenter()

@@ -596,3 +596,204 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
     model.eval().save_pretrained(str(path))
     (path / "preprocessor_config.json").write_text(json.dumps(processor))
     return path
+
+
+def make_segmentation_weights(source: str, out: Path, *, seed: int = 0, margin: float = 6.0, side: int = 256) -> Path:
+    """A torchvision segmenter (or your own module) with random weights made non-degenerate, as a
+    trained one behaves: BatchNorm statistics re-estimated on the generated validation images and
+    files (resized to `side` square, normalised as the export does), then each layer that computes
+    the logits (a 1x1 Conv with one output per class; LR-ASPP sums two) set to the pixels'
+    principal directions, each scaled to a spread of `margin` (`pixel_heads`): random heads give
+    every pixel the same class, and a map of one class proves nothing. Saved with torch.save."""
+    import torch
+    from torchvision.transforms import v2
+
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
+    from ortpack.components.core.exporters.semantic_segmentation import load_segmenter, parse_segmentation_source
+    from ortpack.kernel.contracts.semantic_segmentation import SegmentationOptions
+
+    torch.manual_seed(seed)
+    segmenter = load_segmenter(parse_segmentation_source(source), SegmentationOptions())
+    network = segmenter.network.network
+    pre = segmenter.preprocessing
+    validation = generated_validation_set()
+    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
+    resize = v2.Resize([side, side], antialias=True)
+    mean, std = torch.tensor(pre["mean"]).view(3, 1, 1), torch.tensor(pre["std"]).view(3, 1, 1)
+    images = torch.stack(
+        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
+    )  # fmt: skip
+    reestimate_batchnorm(segmenter.network, images)
+    pixel_heads(segmenter.network, images, margin / max(1, _head_count(segmenter.network)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.contiguous() for k, v in network.state_dict().items()}, out)
+    return out
+
+
+def _logit_layers(model: Any) -> list[Any]:
+    import torch
+
+    with torch.no_grad():
+        classes = model(torch.zeros(1, 3, 64, 64)).shape[1]
+    return [
+        m for m in model.modules()
+        if isinstance(m, torch.nn.Conv2d) and m.out_channels == classes and m.kernel_size == (1, 1)
+    ]  # fmt: skip
+
+
+def _head_count(model: Any) -> int:
+    layers = _logit_layers(model)
+    names = {id(m) for m in layers}
+    # LR-ASPP's two classifiers are summed; an auxiliary head (not in the output) is not
+    summed = [n for n, m in model.named_modules() if id(m) in names and "aux" not in n]
+    return len(summed)
+
+
+def pixel_heads(model: Any, images: Any, margin: float) -> None:
+    """Each logits layer of `model` (1x1 Conv, one output per class) set to the principal
+    directions of its input pixels over `images`, direction k scaled to a spread of `margin`,
+    centred: class k wins where the pixels lie furthest along direction k, so the maps hold many
+    classes in regions with clear margins."""
+    import torch
+
+    for layer in _logit_layers(model):
+        captured: list[Any] = []
+        hook = layer.register_forward_hook(lambda module, args, output, seen=captured: seen.append(args[0].detach()))
+        with torch.no_grad():
+            for start in range(0, len(images), 8):
+                model(images[start : start + 8])
+        hook.remove()
+        if not captured:
+            continue  # an auxiliary head the forward does not run
+        pixels = torch.cat([c.permute(0, 2, 3, 1).reshape(-1, c.shape[1]) for c in captured]).double()
+        rows = pixels[torch.randperm(len(pixels))[:20000]]
+        centre = rows.mean(dim=0)
+        _, singular, directions = torch.linalg.svd(rows - centre, full_matrices=False)
+        classes = layer.out_channels
+        weight = torch.zeros(classes, pixels.shape[1], dtype=torch.float64)
+        k = min(classes, len(singular))
+        spread = singular[:k] / len(rows) ** 0.5
+        weight[:k] = directions[:k] * (margin / spread.clamp_min(1e-9))[:, None]
+        with torch.no_grad():
+            layer.weight.copy_(weight.float().view_as(layer.weight))
+            if layer.bias is not None:
+                layer.bias.copy_(-(weight @ centre).float())
+
+
+LITE_MEAN, LITE_STD = (0.498, 0.498, 0.498), (0.502, 0.502, 0.502)  # EfficientNet-Lite's (x * 255 - 127) / 128
+
+
+def make_lite0_segmenter_weights(out: Path, *, side: int = 320, margin: float = 6.0) -> Path:
+    """The trained EfficientNet-Lite0 trunk (tests.trained) with its per-class 1x1 head set to the
+    principal directions of its features on the generated validation images (`pixel_heads`): a
+    segmenter whose features are a trained network's, so its maps are as smooth as a trained
+    segmenter's (random trunks flip pixels on a one-level change of the input: docs/segmentation.md).
+    For `examples.efficientnet_lite:efficientnet_lite0_segmenter` at `side` ("fixed" resize)."""
+    import torch
+    from torchvision.transforms import v2
+
+    from examples.efficientnet_lite import efficientnet_lite0_segmenter
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
+    from tests.trained import efficientnet_lite0_weights
+
+    model = efficientnet_lite0_segmenter()
+    state = torch.load(efficientnet_lite0_weights(), map_location="cpu", weights_only=True)
+    missing, _ = model.load_state_dict({k: v for k, v in state.items() if not k.startswith("_fc.")}, strict=False)
+    assert all(k.startswith("_seg_head.") for k in missing), missing
+    model.eval()
+    validation = generated_validation_set()
+    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
+    resize = v2.Resize([side, side], antialias=True)
+    mean, std = torch.tensor(LITE_MEAN).view(3, 1, 1), torch.tensor(LITE_STD).view(3, 1, 1)
+    images = torch.stack(
+        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
+    )  # fmt: skip
+    pixel_heads(model, images, margin)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
+    return out
+
+
+HF_SEGMENTER_LABELS = {i: f"region_{i}" for i in range(6)}
+_SQUARE = {
+    "size": {"height": 128, "width": 128},
+    "image_mean": [0.485, 0.456, 0.406],
+    "image_std": [0.229, 0.224, 0.225],
+}
+
+
+def make_hf_segmenter(model_type: str, root: Path, *, margin: float = 6.0) -> Path:
+    """A random tiny `model_type` semantic segmenter (segformer, upernet, mobilevit, mobilevitv2,
+    dpt) saved as a checkpoint directory with its processor config; BatchNorm statistics
+    re-estimated and its per-class 1x1 head set to the principal directions of its pixels on the
+    generated validation images (`pixel_heads`), so that its maps hold several classes."""
+    import torch
+    import transformers as t
+    from torchvision.transforms import v2
+
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
+    from ortpack.components.core.exporters.semantic_segmentation import Logits
+
+    torch.manual_seed(0)
+    labels = {"id2label": HF_SEGMENTER_LABELS, "label2id": {v: k for k, v in HF_SEGMENTER_LABELS.items()}}
+    processor: dict[str, Any] = dict(_SQUARE)
+    if model_type == "segformer":
+        config = t.SegformerConfig(
+            depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 64], num_attention_heads=[1, 1, 2, 2],
+            decoder_hidden_size=32, **labels,
+        )  # fmt: skip
+        model = t.SegformerForSemanticSegmentation(config)
+    elif model_type == "upernet":
+        backbone = t.ConvNextConfig(
+            hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], out_features=["stage1", "stage2", "stage3", "stage4"]
+        )
+        config = t.UperNetConfig(backbone_config=backbone, hidden_size=32, use_auxiliary_head=False, **labels)
+        model = t.UperNetForSemanticSegmentation(config)
+        # its pyramid pooling (1, 2, 3, 6) exports only where 6 divides the stride-32 map: 192 px
+        processor = {**_SQUARE, "size": {"height": 192, "width": 192}}
+    elif model_type == "mobilevit":
+        config = t.MobileViTConfig(
+            image_size=128, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+            num_attention_heads=2, aspp_out_channels=32, **labels,
+        )  # fmt: skip
+        model = t.MobileViTForSemanticSegmentation(config)
+        processor = {
+            "size": {"shortest_edge": 144}, "crop_size": {"height": 128, "width": 128}, "do_center_crop": True,
+            "do_normalize": False, "do_flip_channel_order": True,
+        }  # fmt: skip
+    elif model_type == "mobilevitv2":
+        config = t.MobileViTV2Config(image_size=128, width_multiplier=0.25, aspp_out_channels=32, **labels)
+        model = t.MobileViTV2ForSemanticSegmentation(config)
+        processor = {
+            "size": {"shortest_edge": 144}, "crop_size": {"height": 128, "width": 128}, "do_center_crop": True,
+            "do_normalize": False, "do_flip_channel_order": True,
+        }  # fmt: skip
+    elif model_type == "dpt":
+        config = t.DPTConfig(
+            image_size=128, patch_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+            intermediate_size=64, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 32, 32],
+            fusion_hidden_size=32, use_auxiliary_head=False, **labels,
+        )  # fmt: skip
+        model = t.DPTForSemanticSegmentation(config)
+    else:
+        raise ValueError(f"no tiny segmenter for {model_type}")
+    model.eval()
+    network = Logits(model, huggingface=True, flip=bool(processor.get("do_flip_channel_order"))).eval()
+    validation = generated_validation_set()
+    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
+    side = int(processor.get("crop_size", processor["size"]).get("height", 128))
+    resize = v2.Resize([side, side], antialias=True)
+    mean = torch.tensor(processor.get("image_mean", [0.0] * 3)).view(3, 1, 1)
+    std = torch.tensor(processor.get("image_std", [1.0] * 3)).view(3, 1, 1)
+    images = torch.stack(
+        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
+    )  # fmt: skip
+    reestimate_batchnorm(network, images)
+    pixel_heads(network, images, margin)
+    path = root / f"tiny-{model_type}"
+    model.eval().save_pretrained(str(path))
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    return path

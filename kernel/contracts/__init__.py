@@ -57,6 +57,7 @@ def _registry() -> dict[str, TaskContract]:
         image_classification,
         image_embedding,
         object_detection,
+        semantic_segmentation,
         text_classification,
         text_embedding,
         token_classification,
@@ -69,6 +70,7 @@ def _registry() -> dict[str, TaskContract]:
         token_classification.CONTRACT,
         object_detection.CONTRACT,
         image_embedding.CONTRACT,
+        semantic_segmentation.CONTRACT,
     )
     return {contract.name: contract for contract in contracts}
 

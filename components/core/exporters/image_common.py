@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -94,6 +94,11 @@ class ImagePreprocess:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     interpolation: str = "bilinear"
+    # "crop": the shorter side to resize_size, then the centre crop (classifiers, embedders);
+    # "shorter": the shorter side to resize_size, the whole image kept (`[N, 3, h, w]`, h and w
+    # vary); "fixed": both sides to resize_size, the aspect not kept (segmentation: a mask covers
+    # the whole photo)
+    mode: str = "crop"
 
     def graph(self, opset: int) -> Any:
         """The preprocessing as an ONNX model: `images` uint8 NHWC in, `pixels` float NCHW out."""
@@ -103,12 +108,19 @@ class ImagePreprocess:
         g = GraphBuilder()
         shape = g.op("Shape", INPUT_NAME)
         n, h, w = (g.op("Slice", shape, g.const([i]), g.const([i + 1])) for i in range(3))
-        short = g.op("Min", h, w)
-        new_h = g.op("Div", g.op("Mul", h, g.const([self.resize_size])), short)
-        new_w = g.op("Div", g.op("Mul", w, g.const([self.resize_size])), short)
-        crop = g.const([self.crop_size])
-        rows, row_weights = self._taps(g, h, new_h, self._offset(g, new_h, crop), crop)
-        cols, col_weights = self._taps(g, w, new_w, self._offset(g, new_w, crop), crop)
+        if self.mode == "fixed":
+            new_h = new_w = crop_h = crop_w = g.const([self.resize_size])
+        else:
+            short = g.op("Min", h, w)
+            new_h = g.op("Div", g.op("Mul", h, g.const([self.resize_size])), short)
+            new_w = g.op("Div", g.op("Mul", w, g.const([self.resize_size])), short)
+            crop_h, crop_w = (new_h, new_w) if self.mode == "shorter" else (g.const([self.crop_size]),) * 2
+        if self.mode == "crop":
+            top, left = self._offset(g, new_h, crop_h), self._offset(g, new_w, crop_w)
+        else:
+            top = left = g.const([0])
+        rows, row_weights = self._taps(g, h, new_h, top, crop_h)
+        cols, col_weights = self._taps(g, w, new_w, left, crop_w)
         three = g.const([3])
         # horizontal pass, on the input rows the vertical pass reads: [rows, W*3] -> [W, 3*N*rows]
         first = g.op("Reshape", g.op("ReduceMin", rows, keepdims=0), g.const([1]))
@@ -118,18 +130,18 @@ class ImagePreprocess:
         band = g.op("Reshape", band, g.op("Concat", g.op("Mul", n, span), g.const([-1]), axis=0))
         band = g.op("Transpose", band, perm=[1, 0])  # [W*3, N*span]: a plain 2-D transpose is fast
         band = g.op("Reshape", band, g.op("Concat", w, g.const([-1]), axis=0))  # [W, 3*N*span]
-        x = self._weigh(g, g.op("Gather", band, cols, axis=0), col_weights)  # [crop, 1, 3*N*span]
-        # vertical pass: [crop*3*N, span] -> [span, crop*3*N], gather the taps, weigh them
-        x = g.op("Reshape", x, g.op("Concat", g.op("Mul", crop, g.op("Mul", three, n)), span, axis=0))
+        x = self._weigh(g, g.op("Gather", band, cols, axis=0), col_weights)  # [crop_w, 1, 3*N*span]
+        # vertical pass: [crop_w*3*N, span] -> [span, crop_w*3*N], gather the taps, weigh them
+        x = g.op("Reshape", x, g.op("Concat", g.op("Mul", crop_w, g.op("Mul", three, n)), span, axis=0))
         x = g.op("Transpose", x, perm=[1, 0])
-        x = self._weigh(g, g.op("Gather", x, g.op("Sub", rows, first), axis=0), row_weights)  # [crop, 1, crop*3*N]
-        # [crop(y) * crop(x), 3 * N] -> [3, N, crop, crop] (a 2-D transpose) -> [N, 3, crop, crop]
+        x = self._weigh(g, g.op("Gather", x, g.op("Sub", rows, first), axis=0), row_weights)  # [crop_h, 1, crop_w*3*N]
+        # [crop_h * crop_w, 3 * N] -> [3, N, crop_h, crop_w] (a 2-D transpose) -> [N, 3, crop_h, crop_w]
         x = g.op(
             "Transpose",
-            g.op("Reshape", x, g.op("Concat", g.op("Mul", crop, crop), g.op("Mul", three, n), axis=0)),
+            g.op("Reshape", x, g.op("Concat", g.op("Mul", crop_h, crop_w), g.op("Mul", three, n), axis=0)),
             perm=[1, 0],
         )
-        x = g.op("Transpose", g.op("Reshape", x, g.op("Concat", three, n, crop, crop, axis=0)), perm=[1, 0, 2, 3])
+        x = g.op("Transpose", g.op("Reshape", x, g.op("Concat", three, n, crop_h, crop_w, axis=0)), perm=[1, 0, 2, 3])
         x = g.op("Cast", x, to=TensorProto.FLOAT)
         mean = np.array(self.mean, dtype=np.float32).reshape(1, 3, 1, 1) * 255.0
         std = np.array(self.std, dtype=np.float32).reshape(1, 3, 1, 1) * 255.0
@@ -138,16 +150,20 @@ class ImagePreprocess:
             g.nodes,
             "preprocess",
             [helper.make_tensor_value_info(INPUT_NAME, TensorProto.UINT8, list(IMAGES.shape))],
-            [
-                helper.make_tensor_value_info(
-                    PIXELS_NAME, TensorProto.FLOAT, ["batch", 3, self.crop_size, self.crop_size]
-                )
-            ],
+            [helper.make_tensor_value_info(PIXELS_NAME, TensorProto.FLOAT, ["batch", 3, *self.output_size])],
             g.initializers,
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ortpack")
         onnx.checker.check_model(model, full_check=True)
         return model
+
+    @property
+    def output_size(self) -> tuple[int | str, int | str]:
+        """The pixels' height and width: the crop, the fixed size, or named (they vary)."""
+        if self.mode == "shorter":
+            return ("resized_height", "resized_width")
+        side = self.resize_size if self.mode == "fixed" else self.crop_size
+        return (side, side)
 
     @staticmethod
     def _offset(g: GraphBuilder, size: str, crop: str) -> str:
@@ -325,34 +341,48 @@ def torch_latency(model: nn.Module, pre: dict[str, Any]) -> dict[str, dict[str, 
 
 
 def export_graphs(
-    pre: dict[str, Any], head: nn.Module, output: Tensor, sizes: Mapping[str, int], out_dir: Path, opset: int
+    pre: dict[str, Any],
+    head: nn.Module,
+    output: Tensor,
+    sizes: Mapping[str, int],
+    out_dir: Path,
+    opset: int,
+    post: Callable[[Any], None] | None = None,
 ) -> None:
-    """preprocess.onnx (`ImagePreprocess`), the network with its head (`head`: normalised pixels
-    `[batch, 3, crop, crop]` to the declared `output`, TorchScript exporter, its dimensions that
-    `sizes` does not fix dynamic), and model.onnx, the two composed, all at `opset`."""
+    """preprocess.onnx (`ImagePreprocess`, its `mode` from `pre`, default "crop"), the network
+    with its head (`head`: normalised pixels `[batch, 3, h, w]` to `output`, TorchScript exporter,
+    its dimensions that `sizes` does not fix dynamic; h and w too when the preprocessing keeps the
+    aspect), and model.onnx, the two composed, then `post` (which may add nodes after the
+    network's output), all at `opset`."""
     import onnx
     from onnx import compose
 
-    preprocess = ImagePreprocess(
+    layout = ImagePreprocess(
         resize_size=pre["resize_size"],
         crop_size=pre["crop_size"],
         mean=pre["mean"],
         std=pre["std"],
         interpolation=pre["interpolation"],
-    ).graph(opset)
+        mode=pre.get("mode", "crop"),
+    )
+    preprocess = layout.graph(opset)
     onnx.save(preprocess, str(out_dir / "preprocess.onnx"))
-    crop = pre["crop_size"]
+    height, width = layout.output_size
+    side = pre["resize_size"] if isinstance(height, str) else height
+    pixel_axes: dict[int, str] = {0: BATCH}
+    if isinstance(height, str):
+        pixel_axes.update({2: str(height), 3: str(width)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             head,
-            (torch.randn(2, 3, crop, crop),),
+            (torch.randn(2, 3, side, side),),
             str(out_dir / "network.onnx"),
             dynamo=False,
             opset_version=opset,
             input_names=[PIXELS_NAME],
             output_names=[output.name],
-            dynamic_axes={PIXELS_NAME: {0: BATCH}, output.name: output.dynamic_axes(sizes)},
+            dynamic_axes={PIXELS_NAME: pixel_axes, output.name: output.dynamic_axes(sizes)},
         )
     net = onnx.load(str(out_dir / "network.onnx"))
     preprocess.ir_version = net.ir_version = min(preprocess.ir_version, net.ir_version)
@@ -367,6 +397,8 @@ def export_graphs(
         opsets[imp.domain] = max(opsets.get(imp.domain, 0), imp.version)
     del model.opset_import[:]
     model.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items())
+    if post is not None:
+        post(model)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(out_dir / "model.onnx"))
     (out_dir / "network.onnx").unlink()
@@ -483,3 +515,17 @@ def format_of(data: bytes) -> str:
 
     with Image.open(io.BytesIO(data)) as image:
         return str(image.format)
+
+
+def batch_group(images: list[np.ndarray], count: int = 4) -> list[np.ndarray]:
+    """`count` same-size crops of the largest image (a batch check on decoded files), or none when
+    it is too small."""
+    largest = max(images, key=lambda im: im.shape[0] * im.shape[1])
+    side = min(largest.shape[:2]) * 3 // 4
+    if side < 32:
+        return []
+    steps = [
+        (i * (largest.shape[0] - side) // (count - 1), i * (largest.shape[1] - side) // (count - 1))
+        for i in range(count)
+    ]
+    return [np.ascontiguousarray(largest[y : y + side, x : x + side]) for y, x in steps]

@@ -53,7 +53,7 @@ from ortpack.components.core.exporters.detection_graphs import (
 )
 from ortpack.components.core.exporters.detection_resize import exact_resize
 from ortpack.components.core.exporters.hf_detection import hf_detector_type, load_hf_detector
-from ortpack.components.core.exporters.image_common import INPUT_NAME, format_of, reference_decode
+from ortpack.components.core.exporters.image_common import INPUT_NAME, batch_group, format_of, reference_decode
 from ortpack.components.core.exporters.image_models import (
     FACTORY,
     PROGRAM_SUFFIX,
@@ -307,20 +307,6 @@ def validation_files(opts: DetectionOptions) -> list[tuple[str, bytes]]:
     if opts.validation_images:
         return read_image_files(opts.validation_images, "validation images")
     return [(s.name, encode_validation_image(s)) for s in encoded_validation_images()]
-
-
-def batch_group(images: list[np.ndarray], count: int = 4) -> list[np.ndarray]:
-    """`count` same-size crops of the largest validation image (the batch check), or none when it is
-    too small."""
-    largest = max(images, key=lambda im: im.shape[0] * im.shape[1])
-    side = min(largest.shape[:2]) * 3 // 4
-    if side < 32:
-        return []
-    steps = [
-        (i * (largest.shape[0] - side) // (count - 1), i * (largest.shape[1] - side) // (count - 1))
-        for i in range(count)
-    ]
-    return [np.ascontiguousarray(largest[y : y + side, x : x + side]) for y, x in steps]
 
 
 def pack_detections(items: list[dict[str, np.ndarray]], prefix: str) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ from ortpack.components.core.tasks import (
     image_classification,
     image_embedding,
     object_detection,
+    semantic_segmentation,
     text_classification,
     text_embedding,
     token_classification,
@@ -48,6 +49,7 @@ FAMILIES: dict[str, TaskFamily] = {
         token_classification.FAMILY,
         object_detection.FAMILY,
         image_embedding.FAMILY,
+        semantic_segmentation.FAMILY,
     )
 }
 
