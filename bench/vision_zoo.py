@@ -91,6 +91,11 @@ HF_PROCESSOR = {
 }  # fmt: skip
 # Hugging Face detectors (tests.models.make_hf_detector: tiny random configurations)
 HF_DETECTORS = ("detr", "conditional_detr", "table-transformer", "rt_detr", "rt_detr_v2", "deformable_detr", "yolos")
+# Hugging Face semantic segmenters (tests.models.make_hf_segmenter: tiny random configurations)
+HF_SEGMENTERS = ("segformer", "upernet", "mobilevit", "mobilevitv2", "dpt")
+# an own module with a trained trunk: EfficientNet-Lite0 (tests.trained) and a fitted per-class head
+LITE0_SEGMENTER = "examples.efficientnet_lite:efficientnet_lite0_segmenter"
+LITE0_OPTIONS = {"resize": "fixed", "resize_size": 320, "mean": (0.498,) * 3, "std": (0.502,) * 3}
 # torchvision builders too large for the default run (> 100 M parameters, or > 2 GB as ONNX)
 LARGE_PARAMETERS = 100_000_000
 # rows not tried, and why (the table says so)
@@ -109,6 +114,8 @@ EXPECTED_MISSES = {
     "refused before any gate); another seed passed the fp32 gate during development",
     "hf:table-transformer (detection)": "this seed's tiny random Table Transformer finds the same boxes in every "
     "image (degenerate reference); another seed passed the fp32 gate during development",
+    "hf:mobilevitv2 (segmentation)": "its unfold (aten::col2im) does not export (TorchScript, opset 18): the "
+    "output size is not a constant in the traced graph",
     "hf:efficientnet": "the tiny random configuration gives every image the same logits (degenerate reference)",
     "hf:mobilevitv2": "its unfold (aten::col2im) does not export with dynamic image sizes (TorchScript, opset 18)",
     "hf:mobilenet_v2": "the tiny random network is chaotic: one-level pixel differences move its fitted 10-class "
@@ -122,11 +129,13 @@ ROUTES = {
     "image-classification": "/v1/classify",
     "image-embedding": "/v1/embeddings/image",
     "object-detection": "/v1/detect",
+    "semantic-segmentation": "/v1/segment",
 }
 TASK_NAMES = {
     "image-classification": "classification",
     "image-embedding": "embeddings",
     "object-detection": "detection",
+    "semantic-segmentation": "segmentation",
 }
 
 
@@ -135,18 +144,18 @@ class Row:
     """One architecture and task of the table (`params`: torchvision's count, 0 elsewhere; the sweep
     builds the smallest first)."""
 
-    zoo: str  # "torchvision", "timm", "huggingface"
+    zoo: str  # "torchvision", "timm", "huggingface", "own" (a module of examples/)
     name: str  # the architecture
     source: str  # what --model gets ("" for a Hugging Face row: its checkpoint is written per run)
     task: str = "image-classification"
-    group: str = "default"  # "default", "large" or "detection"
+    group: str = "default"  # "default", "large", "detection" or "segmentation"
     options: dict[str, Any] = field(default_factory=dict)
     params: int = 0
     opset: int = 17
 
     @property
     def key(self) -> str:
-        prefix = {"torchvision": "", "timm": "timm:", "huggingface": "hf:"}[self.zoo]
+        prefix = {"torchvision": "", "timm": "timm:", "huggingface": "hf:", "own": ""}[self.zoo]
         suffix = "" if self.task == "image-classification" else f" ({TASK_NAMES[self.task]})"
         return f"{prefix}{self.name}{suffix}"
 
@@ -170,6 +179,24 @@ def catalogue() -> list[Row]:
     detection = torchvision.models.list_models(module=torchvision.models.detection)
     rows += [Row("torchvision", name, name, task="object-detection", group="detection") for name in detection]
     rows += [Row("huggingface", name, "", task="object-detection", group="detection") for name in HF_DETECTORS]
+    segmentation = torchvision.models.list_models(module=torchvision.models.segmentation)
+    seg = {"task": "semantic-segmentation", "group": "segmentation"}
+    # the ResNet-based builders (dilated: output stride 8 at 520 px) take 15-20 minutes a row on 2 cores
+    rows += [
+        Row(
+            "torchvision",
+            name,
+            name,
+            task="semantic-segmentation",
+            group="large" if "resnet" in name else "segmentation",
+        )
+        for name in segmentation
+    ]
+    rows += [
+        Row("huggingface", name, "", opset=HF_OPSET.get(name, 17), **seg)  # type: ignore[arg-type]
+        for name in HF_SEGMENTERS
+    ]
+    rows.append(Row("own", "efficientnet_lite0_segmenter", LITE0_SEGMENTER, options=LITE0_OPTIONS, **seg))  # type: ignore[arg-type]
     return rows
 
 
@@ -211,10 +238,19 @@ def spread_weights(row: Row, work: Path) -> Path:
     """Random weights made non-degenerate (tests.models.make_zoo_weights): torchvision's and
     timm's own initialisation gives nearly every image the same probabilities, which any graph
     matches."""
-    from tests.models import make_detection_weights, make_zoo_weights
+    from tests.models import (
+        make_detection_weights,
+        make_lite0_segmenter_weights,
+        make_segmentation_weights,
+        make_zoo_weights,
+    )
 
     if row.task == "object-detection":
         return make_detection_weights(row.source, work / "weights.safetensors")
+    if row.source == LITE0_SEGMENTER:
+        return make_lite0_segmenter_weights(work / "weights.pt")
+    if row.task == "semantic-segmentation":
+        return make_segmentation_weights(row.source, work / "weights.pt")
     return make_zoo_weights(row.source, work / "weights.pt")
 
 
@@ -238,6 +274,8 @@ def serve_once(bundle: Path, route: str, work: Path) -> dict[str, Any]:
 def _summary(body: Any) -> str:
     if isinstance(body, dict) and "data" in body:  # OpenAI-style embeddings
         return f"{len(body['data'][0]['embedding'])}-d vector"
+    if isinstance(body, dict) and "classes" in body:
+        return f"{body['width']}x{body['height']} map, {len(body['classes'])} classes"
     if isinstance(body, dict) and "detections" in body:
         return f"{len(body['detections'])} detections"
     if isinstance(body, dict) and "predictions" in body:
@@ -255,12 +293,11 @@ def build_row(row: Row, work: Path, int8: bool) -> dict[str, Any]:
     from ortpack.components.core.parity import validate_variant
     from ortpack.components.core.specs import ExportSpec, VariantSpec
     from ortpack.components.core.tasks import thresholds_for
-    from tests.models import make_hf_detector
+    from tests.models import make_hf_detector, make_hf_segmenter
 
     t0 = time.perf_counter()
-    source = row.source or str(
-        make_hf_detector(row.name, work) if row.task == "object-detection" else hf_checkpoint(row.name, work)
-    )
+    hf_fixture = {"object-detection": make_hf_detector, "semantic-segmentation": make_hf_segmenter}.get(row.task)
+    source = row.source or str(hf_fixture(row.name, work) if hf_fixture else hf_checkpoint(row.name, work))
     record: dict[str, Any] = {"zoo": row.zoo, "task": row.task, "source": row.source or f"hf:{row.name}"}
     options = dict(row.options)
     try:
@@ -308,6 +345,8 @@ def _describe(pre: dict[str, Any]) -> str:
     """`resize/crop interpolation` of a classifier's or embedder's graph; a detector's mode."""
     if "resize_size" in pre:
         return f"{pre['resize_size']}/{pre['crop_size']} {pre['interpolation']}"
+    if "resize" in pre:
+        return f"{pre['resize']} {pre['size']} {pre['interpolation']}"
     return "the model's own" if pre.get("mode") == "model" else f"letterbox {pre.get('size')}"
 
 
@@ -317,7 +356,7 @@ def _since(t0: float) -> float:
 
 def _gate(values: dict[str, float]) -> dict[str, float]:
     keys = ("max_abs_diff", "top1_agreement", "decisive_top1_agreement", "min_cosine", "matched_recall",
-            "max_box_diff_px", "max_score_diff")  # fmt: skip
+            "max_box_diff_px", "max_score_diff", "pixel_agreement", "decisive_pixel_agreement", "mean_iou")  # fmt: skip
     return {k: float(values[k]) for k in keys if k in values}
 
 
@@ -336,6 +375,9 @@ def _fmt_gate(variant: dict[str, Any] | None) -> str:
             ("matched_recall", "recall"),
             ("max_box_diff_px", "box px"),
             ("max_score_diff", "score diff"),
+            ("pixel_agreement", "pixels"),
+            ("decisive_pixel_agreement", "decisive"),
+            ("mean_iou", "mIoU"),
         )
         if key in gate
     )
@@ -388,7 +430,9 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--groups", default="default", help="default, large, detection (comma-separated) or all")
+    parser.add_argument(
+        "--groups", default="default", help="default, large, detection, segmentation (comma-separated) or all"
+    )
     parser.add_argument("--only", default="", help="comma-separated row keys (mobilenet_v2, timm:resnet18, hf:vit)")
     parser.add_argument("--int8", action="store_true", help="build and gate the int8 variant of each row too")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vision_zoo"), help="output path stem")
@@ -402,7 +446,7 @@ def main() -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     only = {k.strip() for k in args.only.split(",") if k.strip()}
-    groups = {"default", "large", "detection"} if args.groups == "all" else set(args.groups.split(","))
+    groups = {"default", "large", "detection", "segmentation"} if args.groups == "all" else set(args.groups.split(","))
     chosen = sorted((r for r in catalogue() if (r.key in only if only else r.group in groups)), key=lambda r: r.params)
     out = Path(args.out)
     rows: dict[str, dict[str, Any]] = {}

@@ -1,6 +1,8 @@
 """The vision zoos built by name (slow): one row of each zoo and task through bench/vision_zoo.py's
 `build_row`, the pipeline's own steps (export with random weights made non-degenerate, cpu fp32
-against the gate, package) and a real server answering a JPEG on the task's route. The whole
+against the gate, package) and a real server answering a JPEG on the task's route (segmentation:
+torchvision's LR-ASPP on low-pass random weights, and EfficientNet-Lite0's trained trunk with a
+fitted per-class head, an own module). The whole
 table: `python bench/vision_zoo.py` (docs/vision-zoo.md)."""
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.vision_zoo import Row, build_row
+from bench.vision_zoo import LITE0_OPTIONS, LITE0_SEGMENTER, Row, build_row
+
+SEG = "semantic-segmentation"
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +27,8 @@ pytestmark = pytest.mark.slow
         (Row("huggingface", "convnext", ""), "top-1 label_"),
         (Row("huggingface", "conditional_detr", "", task="object-detection"), " detections"),
         (Row("huggingface", "rt_detr", "", task="object-detection"), " detections"),
+        (Row("torchvision", "lraspp_mobilenet_v3_large", "lraspp_mobilenet_v3_large", task=SEG), " classes"),
+        (Row("own", "efficientnet_lite0_segmenter", LITE0_SEGMENTER, task=SEG, options=LITE0_OPTIONS), " classes"),
     ],
     ids=lambda value: value.key if isinstance(value, Row) else None,
 )

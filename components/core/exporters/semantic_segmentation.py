@@ -330,7 +330,7 @@ def classes_of(network: Logits, size: int) -> int:
     return classes
 
 
-def _append_map(model: Any) -> None:
+def append_map(model: Any) -> None:
     """After the network's logits: resized back to the input image's height and width (linear,
     half-pixel: `F.interpolate(align_corners=False)`), argmax over classes, as uint8 `label_map`."""
     from onnx import TensorProto, helper, numpy_helper
@@ -378,7 +378,7 @@ def export_graph(segmenter: Segmenter, classes: int, out_dir: Path, opset: int) 
         "interpolation": pre["interpolation"],
         "mode": pre["resize"],
     }
-    export_graphs(layout, segmenter.network, LOGITS, {"classes": classes}, out_dir, opset, post=_append_map)
+    export_graphs(layout, segmenter.network, LOGITS, {"classes": classes}, out_dir, opset, post=append_map)
     if pre["resize"] == "shorter":
         _check_other_sizes(out_dir / "model.onnx", int(pre["size"]))
 
