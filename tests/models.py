@@ -815,3 +815,60 @@ def make_hf_segmenter(model_type: str, root: Path, *, margin: float = 6.0) -> Pa
     model.eval().save_pretrained(str(path))
     (path / "preprocessor_config.json").write_text(json.dumps(processor))
     return path
+
+
+# the layers of torchvision's detectors that score anchors, proposals or boxes (by name)
+SCORE_LAYERS = ("cls_logits", "cls_score", "classification_head.module_list")
+
+
+def make_zoo_detection_weights(name: str, out: Path, *, seed: int = 0, margin: float = 3.0) -> Path:
+    """Any torchvision detection builder with random weights made to behave like a trained
+    detector's, for the vision zoo sweep: its backbone low-pass (`low_pass`) with BatchNorm
+    statistics re-estimated on the generated validation images and files (320 px square,
+    ImageNet-normalised), then every layer that scores anchors, proposals or boxes (the RPN's
+    objectness, the box classifier, RetinaNet's, FCOS's and SSD's class heads: `SCORE_LAYERS`) given
+    random weights whose outputs spread by `margin` on those images. torchvision initialises them
+    at ~0 (std 0.01): every anchor's objectness ties, the top-k proposals are chosen among equals
+    (PyTorch and ONNX Runtime break ties differently) and every class scores 1/91, below the
+    threshold. Saved with torch.save."""
+    import torch
+    import torchvision
+    from torchvision.transforms import v2
+
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
+
+    torch.manual_seed(seed)
+    model = torchvision.models.get_model(name, weights=None, weights_backbone=None)
+    validation = generated_validation_set()
+    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
+    resize = v2.Resize([320, 320], antialias=True)
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    images = torch.stack(
+        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
+    )  # fmt: skip
+    low_pass(model.backbone)
+    reestimate_batchnorm(model.backbone, images)
+    model.eval()
+    layers = [
+        (n, m) for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Conv2d | torch.nn.Linear) and any(k in n for k in SCORE_LAYERS)
+    ]  # fmt: skip
+    rms: dict[str, float] = {}
+    hooks = [
+        layer.register_forward_hook(
+            lambda module, args, output, key=key: rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))
+        )
+        for key, layer in layers
+    ]
+    with torch.no_grad():
+        model([(im * std + mean).clamp(0, 1) for im in images[:4]])  # the model normalises itself
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():
+        for key, layer in layers:
+            fan_in = layer.weight[0].numel()
+            layer.weight.normal_(0.0, margin / (fan_in**0.5 * max(rms.get(key, 1.0), 1e-6)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
+    return out

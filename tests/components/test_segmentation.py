@@ -141,3 +141,32 @@ def test_a_label_map_holds_at_most_256_classes() -> None:
     SemanticSegmentationSettings(preprocessing=pre, labels=[str(i) for i in range(256)])
     with pytest.raises(ValidationError):
         SemanticSegmentationSettings(preprocessing=pre, labels=[str(i) for i in range(257)])
+
+
+def test_images_whose_map_would_not_fit_are_refused_before_decoding() -> None:
+    """The engine caps its decoder at the pixels whose resized logits fit 1 GiB (float32, one per
+    class): an ADE20K-sized head refuses a 2 MP photo from its header."""
+    from ortpack.kernel.contracts.semantic_segmentation import SIGNATURE, SemanticSegmentationSettings
+    from ortpack.kernel.engine import EngineContext, EngineOptions
+    from ortpack.kernel.engines.semantic_segmentation import SegmentationEngine, max_map_pixels
+    from ortpack.kernel.errors import InputTooLargeError
+    from tests.photos import encode
+
+    assert max_map_pixels(21, 40_000_000) == (1 << 30) // 84
+    assert max_map_pixels(6, 40_000_000) == 40_000_000  # the server's own limit is lower
+    pre = {"resize": "fixed", "size": 64, "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    settings = SemanticSegmentationSettings(preprocessing=pre, labels=[str(i) for i in range(150)])
+    ctx = EngineContext(
+        settings=settings,
+        signature=SIGNATURE,
+        sizes={},
+        session=None,
+        options=EngineOptions(max_image_pixels=40_000_000),
+    )
+    engine = SegmentationEngine(ctx)
+    assert engine.max_image_pixels == (1 << 30) // 600
+    small = encode(np.zeros((600, 800, 3), dtype=np.uint8), "PNG")
+    assert engine.decoder.decode(small, "small").shape == (600, 800, 3)
+    large = encode(np.zeros((1200, 1600, 3), dtype=np.uint8), "PNG")
+    with pytest.raises(InputTooLargeError):
+        engine.decoder.decode(large, "large")
