@@ -128,8 +128,29 @@ def test_model_names_resolve_or_get_the_nearest_real_one(tmp_path) -> None:  # t
     classifier = tmp_path / "vit"
     classifier.mkdir()
     (classifier / "config.json").write_text('{"model_type": "vit", "architectures": ["ViTForImageClassification"]}')
-    with pytest.raises(ModelLoadError, match="not one transformers loads as a semantic segmenter"):
+    with pytest.raises(ModelLoadError, match="give --task image-classification"):
         parse_segmentation_source(str(classifier))
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ModelLoadError, match="not one transformers loads as a semantic segmenter"):
+        parse_segmentation_source(str(bert))
+
+
+def test_a_segmentation_checkpoint_given_to_the_classifier_is_told_its_task(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SegFormer is both an image classifier and a segmenter in transformers' tables: the
+    checkpoint's own architectures decide, so a segmentation head is never loaded as a classifier
+    (which would drop its decode head and start a random classifier)."""
+    from ortpack.components.core.errors import ModelLoadError
+    from ortpack.components.core.exporters.image_models import parse_image_source
+
+    checkpoint = tmp_path / "segformer"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        '{"model_type": "segformer", "architectures": ["SegformerForSemanticSegmentation"]}'
+    )
+    with pytest.raises(ModelLoadError, match="give --task semantic-segmentation"):
+        parse_image_source(str(checkpoint))
 
 
 def test_a_label_map_holds_at_most_256_classes() -> None:

@@ -207,4 +207,6 @@ def _vision_hint(model_type: str) -> str:
         return " (an object detector: give --task object-detection)"
     if model_type in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
         return " (an image classifier: give --task image-classification)"
+    if model_type in auto.MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES:
+        return " (a semantic segmenter: give --task semantic-segmentation)"
     return ""

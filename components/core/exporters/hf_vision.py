@@ -51,6 +51,24 @@ def checkpoint_model_type(value: str) -> str | None:
         raise ModelLoadError(f"cannot read {config}: {exc}") from None
 
 
+def checkpoint_head(value: str) -> str:
+    """The task a checkpoint's config.json names through its architectures' class names
+    ("semantic-segmentation" for `*ForSemanticSegmentation`, "image-classification",
+    "object-detection"), "" when it names none of them."""
+    try:
+        names = json.loads((Path(value).expanduser() / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return ""
+    for suffix, task in (
+        ("ForSemanticSegmentation", "semantic-segmentation"),
+        ("ForImageClassification", "image-classification"),
+        ("ForObjectDetection", "object-detection"),
+    ):
+        if any(str(name).endswith(suffix) for name in names):
+            return task
+    return ""
+
+
 def hf_vision_type(value: str) -> str | None:
     """The model_type of a local Hugging Face vision checkpoint directory, or None when `value`
     is not one (ModelLoadError when it is a checkpoint of a type not served here)."""
