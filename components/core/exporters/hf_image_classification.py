@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ortpack.components.core.errors import InvalidSpecError, ModelLoadError, one_line
-from ortpack.components.core.exporters.hf_vision import checkpoint_head, checkpoint_model_type
+from ortpack.components.core.exporters.hf_vision import checkpoint_model_type, other_head
 from ortpack.kernel.bundle import sha256_file
 
 
@@ -34,11 +34,9 @@ def hf_classifier_type(value: str) -> str | None:
     model_type = checkpoint_model_type(value)
     if model_type is None:
         return None
-    head = checkpoint_head(value)
-    if head and head != "image-classification":
-        raise ModelLoadError(
-            f"{value} holds a {model_type} for {head} (its config's architectures): give --task {head}"
-        )
+    head = other_head(value, "ForImageClassification")
+    if head is not None:
+        raise ModelLoadError(f"{value} holds {head} (its config's architectures name that head)")
     if model_type not in image_classification_types():
         raise ModelLoadError(
             f"{value} is a {model_type or 'unknown'} checkpoint, not one transformers loads as an image "

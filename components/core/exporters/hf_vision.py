@@ -51,22 +51,29 @@ def checkpoint_model_type(value: str) -> str | None:
         raise ModelLoadError(f"cannot read {config}: {exc}") from None
 
 
-def checkpoint_head(value: str) -> str:
-    """The task a checkpoint's config.json names through its architectures' class names
-    ("semantic-segmentation" for `*ForSemanticSegmentation`, "image-classification",
-    "object-detection"), "" when it names none of them."""
+# what a checkpoint's config.json `architectures` class names say it is, and which task takes it
+HEADS = (
+    ("ForSemanticSegmentation", "a semantic segmenter: give --task semantic-segmentation"),
+    ("ForImageClassification", "an image classifier: give --task image-classification"),
+    ("ForObjectDetection", "an object detector: give --task object-detection"),
+)
+
+
+def other_head(value: str, own: str) -> str | None:
+    """What the checkpoint is when its config's architectures name a head other than `own` (a
+    class-name suffix of `HEADS`), with the task to give; None when they name `own` or no head.
+    SegFormer is both an image classifier and a segmenter in transformers' tables: the checkpoint's
+    own head decides."""
     try:
         names = json.loads((Path(value).expanduser() / "config.json").read_text()).get("architectures") or []
     except (OSError, ValueError):
-        return ""
-    for suffix, task in (
-        ("ForSemanticSegmentation", "semantic-segmentation"),
-        ("ForImageClassification", "image-classification"),
-        ("ForObjectDetection", "object-detection"),
-    ):
+        return None
+    if any(str(name).endswith(own) for name in names):
+        return None
+    for suffix, says in HEADS:
         if any(str(name).endswith(suffix) for name in names):
-            return task
-    return ""
+            return says
+    return None
 
 
 def hf_vision_type(value: str) -> str | None:

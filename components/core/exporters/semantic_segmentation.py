@@ -47,7 +47,7 @@ from torch import nn
 
 from ortpack.components.core.artifacts import ExportResult
 from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError, did_you_mean
-from ortpack.components.core.exporters.hf_vision import RESAMPLE, checkpoint_head, checkpoint_model_type
+from ortpack.components.core.exporters.hf_vision import RESAMPLE, checkpoint_model_type, other_head
 from ortpack.components.core.exporters.image_common import (
     MIN_OPSET,
     batch_group,
@@ -116,11 +116,9 @@ def hf_segmenter_type(value: str) -> str | None:
     model_type = checkpoint_model_type(value)
     if model_type is None:
         return None
-    head = checkpoint_head(value)
-    if head and head != "semantic-segmentation":
-        raise ModelLoadError(
-            f"{value} holds a {model_type} for {head} (its config's architectures): give --task {head}"
-        )
+    head = other_head(value, "ForSemanticSegmentation")
+    if head is not None:
+        raise ModelLoadError(f"{value} holds {head} (its config's architectures name that head)")
     if model_type not in segmentation_types():
         raise ModelLoadError(
             f"{value} is a {model_type or 'unknown'} checkpoint, not one transformers loads as a semantic "
