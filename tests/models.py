@@ -855,12 +855,14 @@ def make_zoo_detection_weights(name: str, out: Path, *, seed: int = 0, margin: f
         if isinstance(m, torch.nn.Conv2d | torch.nn.Linear) and any(k in n for k in SCORE_LAYERS)
     ]  # fmt: skip
     rms: dict[str, float] = {}
-    hooks = [
-        layer.register_forward_hook(
-            lambda module, args, output, key=key: rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))
-        )
-        for key, layer in layers
-    ]
+
+    def measure(key: str) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:  # returns None: the output stays
+            rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))
+
+        return hook
+
+    hooks = [layer.register_forward_hook(measure(key)) for key, layer in layers]
     with torch.no_grad():
         model([(im * std + mean).clamp(0, 1) for im in images[:4]])  # the model normalises itself
     for hook in hooks:
