@@ -41,8 +41,10 @@ def _heldout(n: int) -> list[str]:
 
 
 def _serve(bundle: Path, variant: str, texts: list[str], log_dir: Path) -> np.ndarray:
-    with running_server(bundle, "--variant", variant, log_dir=log_dir) as server:
-        response = httpx.post(f"{server.url}/v1/embeddings", json={"model": bundle.name, "input": texts}, timeout=120)
+    # 200 texts in one request: on a machine another test worker loads, the server's estimate passed
+    # the default 30 s deadline and it refused (429, as it should); this test checks the vectors
+    with running_server(bundle, "--variant", variant, "--request-timeout-ms", "120000", log_dir=log_dir) as server:
+        response = httpx.post(f"{server.url}/v1/embeddings", json={"model": bundle.name, "input": texts}, timeout=150)
     assert response.status_code == 200, response.text
     return np.array([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
 
