@@ -123,3 +123,37 @@ def test_served_maps_agree_across_routes_and_forms(segformer: tuple[Path, Any], 
             refused = httpx.post(url, timeout=60, **request)  # type: ignore[arg-type]
             assert refused.status_code == 400, refused.text
             assert says in refused.json()["error"]["message"]
+
+
+def test_a_torchvision_builder_by_name_passes_fp32_on_photos(tmp_path: Path) -> None:
+    """LR-ASPP by its builder's name, on low-pass random weights (tests.models: a white-noise
+    trunk flips pixels on a one-level input change), its shorter side at 128 px instead of 520
+    (quicker; the graph takes every aspect), validated on photos: the fp32 gate passes and
+    the manifest holds the weights' VOC categories."""
+    from ortpack.components.core.build import build_bundle
+    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
+    from ortpack.components.core.validation_data import MIN_IMAGE_FILES
+    from ortpack.kernel.bundle import verify_bundle
+    from tests.models import make_segmentation_weights
+
+    weights = make_segmentation_weights("lraspp_mobilenet_v3_large", tmp_path / "lraspp.pt", side=128)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(MIN_IMAGE_FILES):
+        name = ("astronaut", "coffee", "chelsea", "rocket")[i % 4]
+        image = source_image(name)[i * 7 :, i * 5 :]  # other sizes and aspects
+        (photos / f"{i:02d}-{name}.jpg").write_bytes(encode(np.ascontiguousarray(image), "JPEG"))
+    options = {"weights": str(weights), "resize_size": 128, "validation_images": str(photos)}
+    spec = BuildSpec(
+        export=ExportSpec(
+            source="lraspp_mobilenet_v3_large", task="semantic-segmentation", name="lraspp", options=options
+        ),
+        variants=tuple(variant_grid(["cpu"], ["fp32"])),
+    )
+    build_bundle(spec, tmp_path / "dist", work_dir=tmp_path / "work")
+    manifest = verify_bundle(tmp_path / "dist")
+    settings = manifest.task_settings
+    assert (settings.preprocessing.resize, settings.preprocessing.size) == ("shorter", 128)
+    assert settings.labels[0] == "__background__" and len(settings.labels) == 21
+    values = manifest.variant("cpu-fp32").parity.values
+    assert values["pixel_agreement"] >= 0.99 and values["classes_present"] >= 4

@@ -1,8 +1,8 @@
 """The vision zoos built by name (slow): one row of each zoo and task through bench/vision_zoo.py's
 `build_row`, the pipeline's own steps (export with random weights made non-degenerate, cpu fp32
 against the gate, package) and a real server answering a JPEG on the task's route (segmentation:
-torchvision's LR-ASPP on low-pass random weights, and EfficientNet-Lite0's trained trunk with a
-fitted per-class head, an own module). The whole
+EfficientNet-Lite0's trained trunk with a fitted per-class head, an own module; a torchvision
+segmenter: tests/end_to_end/test_segmentation.py). The whole
 table: `python bench/vision_zoo.py` (docs/vision-zoo.md)."""
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.slow
         (Row("huggingface", "convnext", ""), "top-1 label_"),
         (Row("huggingface", "conditional_detr", "", task="object-detection"), " detections"),
         (Row("huggingface", "rt_detr", "", task="object-detection"), " detections"),
-        (Row("torchvision", "lraspp_mobilenet_v3_large", "lraspp_mobilenet_v3_large", task=SEG), " classes"),
         (Row("own", "efficientnet_lite0_segmenter", LITE0_SEGMENTER, task=SEG, options=LITE0_OPTIONS), " classes"),
     ],
     ids=lambda value: value.key if isinstance(value, Row) else None,
