@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ortpack.components.core.validation_data import pack_files, unpack_files
+from ortpack.components.core.validation_data import CALIBRATION_FILE, pack_files, unpack_files
+from ortpack.kernel.images import ImageDecoder
 
 REFERENCE_FILE = "reference.npz"
 # What every export writes (the rest is its task's)
@@ -78,3 +79,17 @@ class Reference:
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.arrays.get(name, default)
+
+
+def calibration_photos(export_dir: Path) -> list[np.ndarray]:
+    """What a detector's or segmenter's static int8 is calibrated on: the user's calibration photos
+    beside the export, else the reference's validation files, decoded as the server decodes them
+    (a dense model's activations on generated images are not its activations on photos)."""
+    decoder = ImageDecoder(max_pixels=1 << 40)
+    path = Path(export_dir) / CALIBRATION_FILE
+    if path.is_file():
+        with np.load(path) as packed:
+            files = unpack_files(packed["offsets"], packed["data"])
+    else:
+        files = Reference.load(Path(export_dir) / REFERENCE_FILE).served_files()
+    return [decoder.decode(f, "calibration image") for f in files]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ortpack.components.core.errors import ExportError, InvalidSpecError
+from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
 from ortpack.components.core.exporters.image_models import default_preprocessing, parse_image_source
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency
@@ -39,6 +39,7 @@ from ortpack.components.core.validation_data import (
     encode_validation_image,
     encoded_validation_images,
     pack_files,
+    read_image_files,
     render_image,
     validation_images,
 )
@@ -529,3 +530,27 @@ def batch_group(images: list[np.ndarray], count: int = 4) -> list[np.ndarray]:
         for i in range(count)
     ]
     return [np.ascontiguousarray(largest[y : y + side, x : x + side]) for y, x in steps]
+
+
+def validation_files(opts: ImageModelOptions) -> list[tuple[str, bytes]]:
+    """The files a detector's or segmenter's gate runs: the user's photos, else the generated
+    encoded images (which a trained model rarely finds anything in: give photos of its domain)."""
+    if opts.validation_images:
+        return read_image_files(opts.validation_images, "validation images")
+    return [(s.name, encode_validation_image(s)) for s in encoded_validation_images()]
+
+
+def labels_for(path: str | None, known: list[str], classes: int) -> list[str]:
+    """The labels file at `path` (one per line, as many as the model's classes), else the model's
+    own labels when it has one per class, else `class_N`."""
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ModelLoadError(f"labels file not found: {path}")
+        lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if len(lines) != classes:
+            raise ModelLoadError(f"{path} has {len(lines)} labels; the model has {classes} classes")
+        return lines
+    if len(known) == classes:
+        return known
+    return [f"class_{i}" for i in range(classes)]

@@ -100,14 +100,7 @@ def parse_image_source(value: str, *, local: bool = True) -> ImageSource:
         return ImageSource("torchvision", value)
     if "://" not in value and hf_image_classification.hf_classifier_type(value) is not None:
         return ImageSource("huggingface", str(Path(value).expanduser().resolve()) if local else value)
-    match = FACTORY.match(value)
-    if match:
-        current_directory_importable()
-        if local and importlib.util.find_spec(match["module"].partition(".")[0]) is None:
-            raise ModelLoadError(
-                f"cannot import {match['module']!r} (from --model {value}): no such module on the Python path; "
-                "run from the directory that holds it or add it to PYTHONPATH"
-            )
+    if is_factory(value, local=local):
         return ImageSource("factory", value)
     if value.endswith(PROGRAM_SUFFIX):
         if "://" in value:
@@ -188,6 +181,21 @@ def call_factory(value: str) -> Any:
     if not isinstance(network, nn.Module):
         raise ModelLoadError(f"{value}() returned a {type(network).__name__}, not a torch.nn.Module")
     return network
+
+
+def is_factory(value: str, *, local: bool = True) -> bool:
+    """Whether `value` names your own module's factory (`PACKAGE.MODULE:FACTORY`, every task's
+    `--model`); `local` checks that its module can be found here (one ModelLoadError line)."""
+    match = FACTORY.match(value)
+    if not match:
+        return False
+    current_directory_importable()
+    if local and importlib.util.find_spec(match["module"].partition(".")[0]) is None:
+        raise ModelLoadError(
+            f"cannot import {match['module']!r} (from --model {value}): no such module on the Python path; "
+            "run from the directory that holds it or add it to PYTHONPATH"
+        )
+    return True
 
 
 def current_directory_importable() -> None:

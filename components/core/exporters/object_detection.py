@@ -28,7 +28,6 @@ nothing on the validation photos proves nothing).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 import warnings
@@ -53,13 +52,19 @@ from ortpack.components.core.exporters.detection_graphs import (
 )
 from ortpack.components.core.exporters.detection_resize import exact_resize
 from ortpack.components.core.exporters.hf_detection import hf_detector_type, load_hf_detector
-from ortpack.components.core.exporters.image_common import INPUT_NAME, batch_group, format_of, reference_decode
+from ortpack.components.core.exporters.image_common import (
+    INPUT_NAME,
+    batch_group,
+    format_of,
+    labels_for,
+    reference_decode,
+    validation_files,
+)
 from ortpack.components.core.exporters.image_models import (
-    FACTORY,
     PROGRAM_SUFFIX,
     ImageSource,
     call_factory,
-    current_directory_importable,
+    is_factory,
     load_program,
     load_weights,
 )
@@ -69,8 +74,6 @@ from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
     ImageSpec,
-    encode_validation_image,
-    encoded_validation_images,
     pack_files,
     read_image_files,
     render_image,
@@ -127,13 +130,7 @@ def parse_detection_source(value: str, *, local: bool = True) -> DetectionSource
         return DetectionSource("torchvision", value)
     if "://" not in value and hf_detector_type(value) is not None:
         return DetectionSource("huggingface", str(Path(value).expanduser().resolve()) if local else value)
-    match = FACTORY.match(value)
-    if match:
-        current_directory_importable()
-        if local and importlib.util.find_spec(match["module"].partition(".")[0]) is None:
-            raise ModelLoadError(
-                f"cannot import {match['module']!r} (from --model {value}): no such module on the Python path"
-            )
+    if is_factory(value, local=local):
         return DetectionSource("factory", value)
     if value.endswith(PROGRAM_SUFFIX):
         path = Path(value).expanduser()
@@ -301,14 +298,6 @@ def export_graph(detector: Detector, size: int, pad_value: int, out_dir: Path, o
     return classes
 
 
-def validation_files(opts: DetectionOptions) -> list[tuple[str, bytes]]:
-    """The user's photos, else the generated encoded images (which a trained detector rarely finds
-    anything in: give photos of what it detects)."""
-    if opts.validation_images:
-        return read_image_files(opts.validation_images, "validation images")
-    return [(s.name, encode_validation_image(s)) for s in encoded_validation_images()]
-
-
 def pack_detections(items: list[dict[str, np.ndarray]], prefix: str) -> dict[str, np.ndarray]:
     """Per-image detections end to end, with each image's end (`<prefix>_ends`)."""
     return {
@@ -344,7 +333,7 @@ def export_object_detector(spec: ExportSpec, out_dir: Path) -> ExportResult:
     except Exception as exc:  # noqa: BLE001 - any exporter failure: one line
         raise ExportError(f"cannot export {spec.source} to ONNX: {one_line(exc, 300)}") from None
     seconds = time.perf_counter() - t0
-    labels = _labels(opts.labels, detector.labels, classes)
+    labels = labels_for(opts.labels, detector.labels, classes)
     reference = (
         YoloReference(detector.network, size, pad_value, *_t(detector.thresholds))
         if detector.decoder == "yolo"
@@ -406,20 +395,6 @@ def export_object_detector(spec: ExportSpec, out_dir: Path) -> ExportResult:
 
 def _t(thresholds: Thresholds) -> tuple[float, float, int]:
     return thresholds.score, thresholds.iou, thresholds.max_detections
-
-
-def _labels(path: str | None, known: list[str], classes: int) -> list[str]:
-    if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ModelLoadError(f"labels file not found: {path}")
-        lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(lines) != classes:
-            raise ModelLoadError(f"{path} has {len(lines)} labels; the model has {classes} classes")
-        return lines
-    if len(known) == classes:
-        return known
-    return [f"class_{i}" for i in range(classes)]
 
 
 def _torch_latency(reference: Any, decoder: str) -> dict[str, dict[str, float]]:

@@ -30,7 +30,6 @@ classes at a time, so a 12-megapixel photo with 150 classes never holds all its 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import time
@@ -53,13 +52,14 @@ from ortpack.components.core.exporters.image_common import (
     batch_group,
     export_graphs,
     format_of,
+    labels_for,
     reference_decode,
+    validation_files,
 )
 from ortpack.components.core.exporters.image_models import (
-    FACTORY,
     IMAGENET,
     call_factory,
-    current_directory_importable,
+    is_factory,
     load_state,
     read_state,
     torchvision_weights,
@@ -70,8 +70,6 @@ from ortpack.components.core.timing import measure_latency
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
     ImageSpec,
-    encode_validation_image,
-    encoded_validation_images,
     pack_files,
     read_image_files,
     render_image,
@@ -148,13 +146,7 @@ def parse_segmentation_source(value: str, *, local: bool = True) -> Segmentation
         return SegmentationSource("torchvision", value)
     if "://" not in value and hf_segmenter_type(value) is not None:
         return SegmentationSource("huggingface", str(Path(value).expanduser().resolve()) if local else value)
-    match = FACTORY.match(value)
-    if match:
-        current_directory_importable()
-        if local and importlib.util.find_spec(match["module"].partition(".")[0]) is None:
-            raise ModelLoadError(
-                f"cannot import {match['module']!r} (from --model {value}): no such module on the Python path"
-            )
+    if is_factory(value, local=local):
         return SegmentationSource("factory", value)
     known = segmentation_builders()
     raise ModelLoadError(
@@ -458,13 +450,6 @@ class TorchSegmenter:
         return maps[0], decisive[0]
 
 
-def validation_files(opts: SegmentationOptions) -> list[tuple[str, bytes]]:
-    """The user's photos, else the generated encoded images."""
-    if opts.validation_images:
-        return read_image_files(opts.validation_images, "validation images")
-    return [(s.name, encode_validation_image(s)) for s in encoded_validation_images()]
-
-
 def pack_maps(maps: list[np.ndarray], decisive: list[np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     """Per-image maps and decisive masks, flat end to end, with each image's end and shape."""
     return {
@@ -483,20 +468,6 @@ def class_shares(maps: list[np.ndarray], classes: int) -> np.ndarray:
     )
 
 
-def _labels(path: str | None, known: list[str], classes: int) -> list[str]:
-    if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ModelLoadError(f"labels file not found: {path}")
-        lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(lines) != classes:
-            raise ModelLoadError(f"{path} has {len(lines)} labels; the model has {classes} classes")
-        return lines
-    if len(known) == classes:
-        return known
-    return [f"class_{i}" for i in range(classes)]
-
-
 def export_segmenter(spec: ExportSpec, out_dir: Path) -> ExportResult:
     """Export `spec.source` into `out_dir`; return what was written."""
     import onnx
@@ -511,7 +482,7 @@ def export_segmenter(spec: ExportSpec, out_dir: Path) -> ExportResult:
     segmenter = load_segmenter(source, opts)
     size = int(segmenter.preprocessing["size"])
     classes = classes_of(segmenter.network, size)
-    labels = _labels(opts.labels, segmenter.labels, classes)
+    labels = labels_for(opts.labels, segmenter.labels, classes)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     log.info("export: %s to ONNX (opset %d), the map at the image's size in the graph", spec.source, spec.opset)

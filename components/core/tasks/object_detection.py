@@ -22,11 +22,11 @@ import numpy as np
 
 from ortpack.components.core.int8_search import session
 from ortpack.components.core.recipes import STATIC_INT8_RECIPES
-from ortpack.components.core.reference import REFERENCE_FILE, Reference
+from ortpack.components.core.reference import Reference, calibration_photos
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
-from ortpack.components.core.validation_data import CALIBRATION_FILE, ImageSpec, render_image, unpack_files
+from ortpack.components.core.validation_data import ImageSpec, render_image
 from ortpack.kernel.contracts.object_detection import BATCH_INDEX, BOXES, CONTRACT, LABELS, SCORES
 from ortpack.kernel.engine import Item
 from ortpack.kernel.engines.object_detection import detection_metrics, match, split
@@ -169,26 +169,13 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     }
 
 
-def calibration_images(export_dir: Path) -> list[np.ndarray]:
-    """The user's calibration photos, else the validation files (decoded as the server decodes
-    them): a detector's activations on generated images are not its activations on photos."""
-    decoder = ImageDecoder(max_pixels=1 << 40)
-    path = Path(export_dir) / CALIBRATION_FILE
-    if path.is_file():
-        with np.load(path) as packed:
-            files = unpack_files(packed["offsets"], packed["data"])
-    else:
-        files = Reference.load(Path(export_dir) / REFERENCE_FILE).served_files()
-    return [decoder.decode(f, "calibration image") for f in files]
-
-
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
     """Static int8 of the convolutions on ONNX Runtime's int8 kernels (the letterbox, box decoding
     and NMS blocks, `pre/` and `post/`, stay fp32; so does what torchvision computes outside
     convolutions), calibrated on photos, judged by the int8 matching gate, the most sensitive
     layers returned to float until it passes (components/core/static_int8.py; else the best
     matched F1 is kept). A pinned `recipe` is built alone."""
-    images = calibration_images(export_dir)
+    images = calibration_photos(export_dir)
     ref = Reference.load(export_dir / export.reference_file)
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
