@@ -63,6 +63,14 @@ class ImageInputs:
         )
         return decoded
 
+    async def from_json(self, image: str | None, images: list[str] | None) -> tuple[list[np.ndarray], bool]:
+        """A JSON request's `image` (one base64 string) or `images` (a list), decoded, and whether it
+        sent one (its answer is then the image's own, not a `data` list)."""
+        if image is not None:
+            return await self.from_base64([image], ["image"]), True
+        items = images or []
+        return await self.from_base64(items, [f"images[{i}]" for i in range(len(items))]), False
+
     def from_v2(self, tensor: InferInput) -> list[np.ndarray]:
         """An Open Inference Protocol UINT8 tensor `[n, height, width, 3]` (row-major, flat data):
         its n images."""

@@ -160,10 +160,7 @@ class ImageClassificationRuntime:
         """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
         body = await read_body_as(request, ClassifyJsonRequest)
         k = self.requested_top_k(body.top_k)
-        single = body.image is not None
-        items = [body.image] if body.image is not None else body.images or []
-        where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
-        pixels = await self.images.from_base64(items, where)
+        pixels, single = await self.images.from_json(body.image, body.images)
         results = await self.classify(request, pixels, k)
         model = service_of(request).model_name
         if single:

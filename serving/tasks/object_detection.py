@@ -199,10 +199,7 @@ class ObjectDetectionRuntime:
         """{"image": base64} or {"images": [base64, ...]}, optional "min_score" and "top_k"."""
         body = await read_body_as(request, DetectJsonRequest)
         min_score, top_k = self.requested(body.min_score, body.top_k)
-        single = body.image is not None
-        items = [body.image] if body.image is not None else body.images or []
-        where = ["image"] if single else [f"images[{i}]" for i in range(len(items))]
-        pixels = await self.images.from_base64(items, where)
+        pixels, single = await self.images.from_json(body.image, body.images)
         answers = await self.detect(request, pixels, min_score, top_k)
         model = service_of(request).model_name
         if single:
