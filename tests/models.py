@@ -598,6 +598,25 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
     return path
 
 
+def square_images(side: int, mean: Any, std: Any) -> Any:
+    """The generated validation images and files (decoded as the reference decodes them), each
+    resized to `side` x `side` (antialiased) and normalised by `mean` and `std`: what the
+    segmentation and detection fixtures re-estimate BatchNorm and fit heads on."""
+    import torch
+    from torchvision.transforms import v2
+
+    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
+
+    validation = generated_validation_set()
+    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
+    resize = v2.Resize([side, side], antialias=True)
+    mean, std = torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
+    return torch.stack(
+        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
+         for im in decoded]
+    )  # fmt: skip
+
+
 def make_segmentation_weights(source: str, out: Path, *, seed: int = 0, margin: float = 6.0, side: int = 256) -> Path:
     """A torchvision segmenter (or your own module) with random weights made non-degenerate, as a
     trained one behaves: BatchNorm statistics re-estimated on the generated validation images and
@@ -610,9 +629,7 @@ def make_segmentation_weights(source: str, out: Path, *, seed: int = 0, margin: 
     moves 2-6 % of a map's pixels in PyTorch itself; trained kernels are mostly low-pass, and so
     are these. Saved with torch.save."""
     import torch
-    from torchvision.transforms import v2
 
-    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
     from ortpack.components.core.exporters.semantic_segmentation import load_segmenter, parse_segmentation_source
     from ortpack.kernel.contracts.semantic_segmentation import SegmentationOptions
 
@@ -620,14 +637,7 @@ def make_segmentation_weights(source: str, out: Path, *, seed: int = 0, margin: 
     segmenter = load_segmenter(parse_segmentation_source(source), SegmentationOptions())
     network = segmenter.network.network
     pre = segmenter.preprocessing
-    validation = generated_validation_set()
-    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
-    resize = v2.Resize([side, side], antialias=True)
-    mean, std = torch.tensor(pre["mean"]).view(3, 1, 1), torch.tensor(pre["std"]).view(3, 1, 1)
-    images = torch.stack(
-        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
-         for im in decoded]
-    )  # fmt: skip
+    images = square_images(side, pre["mean"], pre["std"])
     low_pass(segmenter.network)
     reestimate_batchnorm(segmenter.network, images)
     pixel_heads(segmenter.network, images, margin / max(1, _head_count(segmenter.network)))
@@ -709,10 +719,8 @@ def make_lite0_segmenter_weights(out: Path, *, side: int = 320, margin: float = 
     segmenter's (random trunks flip pixels on a one-level change of the input: docs/segmentation.md).
     For `examples.efficientnet_lite:efficientnet_lite0_segmenter` at `side` ("fixed" resize)."""
     import torch
-    from torchvision.transforms import v2
 
     from examples.efficientnet_lite import efficientnet_lite0_segmenter
-    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
     from tests.trained import efficientnet_lite0_weights
 
     model = efficientnet_lite0_segmenter()
@@ -720,14 +728,7 @@ def make_lite0_segmenter_weights(out: Path, *, side: int = 320, margin: float = 
     missing, _ = model.load_state_dict({k: v for k, v in state.items() if not k.startswith("_fc.")}, strict=False)
     assert all(k.startswith("_seg_head.") for k in missing), missing
     model.eval()
-    validation = generated_validation_set()
-    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
-    resize = v2.Resize([side, side], antialias=True)
-    mean, std = torch.tensor(LITE_MEAN).view(3, 1, 1), torch.tensor(LITE_STD).view(3, 1, 1)
-    images = torch.stack(
-        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
-         for im in decoded]
-    )  # fmt: skip
+    images = square_images(side, LITE_MEAN, LITE_STD)
     pixel_heads(model, images, margin)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
@@ -749,9 +750,7 @@ def make_hf_segmenter(model_type: str, root: Path, *, margin: float = 6.0) -> Pa
     generated validation images (`pixel_heads`), so that its maps hold several classes."""
     import torch
     import transformers as t
-    from torchvision.transforms import v2
 
-    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
     from ortpack.components.core.exporters.semantic_segmentation import Logits
 
     torch.manual_seed(0)
@@ -799,16 +798,8 @@ def make_hf_segmenter(model_type: str, root: Path, *, margin: float = 6.0) -> Pa
         raise ValueError(f"no tiny segmenter for {model_type}")
     model.eval()
     network = Logits(model, huggingface=True, flip=bool(processor.get("do_flip_channel_order"))).eval()
-    validation = generated_validation_set()
-    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
     side = int(processor.get("crop_size", processor["size"]).get("height", 128))
-    resize = v2.Resize([side, side], antialias=True)
-    mean = torch.tensor(processor.get("image_mean", [0.0] * 3)).view(3, 1, 1)
-    std = torch.tensor(processor.get("image_std", [1.0] * 3)).view(3, 1, 1)
-    images = torch.stack(
-        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
-         for im in decoded]
-    )  # fmt: skip
+    images = square_images(side, processor.get("image_mean", [0.0] * 3), processor.get("image_std", [1.0] * 3))
     reestimate_batchnorm(network, images)
     pixel_heads(network, images, margin)
     path = root / f"tiny-{model_type}"
@@ -833,20 +824,11 @@ def make_zoo_detection_weights(name: str, out: Path, *, seed: int = 0, margin: f
     threshold. Saved with torch.save."""
     import torch
     import torchvision
-    from torchvision.transforms import v2
-
-    from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
 
     torch.manual_seed(seed)
     model = torchvision.models.get_model(name, weights=None, weights_backbone=None)
-    validation = generated_validation_set()
-    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
-    resize = v2.Resize([320, 320], antialias=True)
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-    images = torch.stack(
-        [(resize(torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)).float() / 255.0 - mean) / std
-         for im in decoded]
-    )  # fmt: skip
+    images = square_images(320, mean.flatten().tolist(), std.flatten().tolist())
     low_pass(model.backbone)
     reestimate_batchnorm(model.backbone, images)
     model.eval()
