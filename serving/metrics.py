@@ -66,6 +66,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.model_errors = Counter(
+            "ortpack_model_errors_total",
+            "model calls that raised, by scope: batch (a batch of several requests, run again one request at a "
+            "time so that only the failing ones are answered 500), request (one request's own call: answered 500)",
+            ["scope"],
+            registry=r,
+        )
         self.tokens = Counter("ortpack_tokens_total", "real tokens of the texts run by the model", registry=r)
         self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
         self.in_flight = Gauge("ortpack_requests_in_flight", "requests accepted and not yet answered", registry=r)

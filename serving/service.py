@@ -222,6 +222,7 @@ def _batcher(engine: Engine, config: ServeConfig, metrics: Metrics, lone: bool) 
         workers=config.worker_count,
         max_batch_delay_ms=config.max_batch_delay_ms,
         on_batch=metrics.observe_batch,
+        on_model_error=lambda scope: metrics.model_errors.labels(scope=scope).inc(),
         cost=engine.cost,
         padded=engine.padded,
         max_batch_cost=engine.max_batch_cost,

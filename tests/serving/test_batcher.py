@@ -158,7 +158,8 @@ def test_full_queue_refuses_whole_requests_with_retry_after() -> None:
 
 def test_backend_failure_answers_every_item_of_the_batch() -> None:
     backend = RecordingBackend(fail_on=13)
-    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1)
+    faults: list[str] = []
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, on_model_error=faults.append)
 
     async def body() -> list[Any]:
         return await asyncio.gather(
@@ -168,6 +169,64 @@ def test_backend_failure_answers_every_item_of_the_batch() -> None:
     failed, ok = run(_with(batcher, body()))
     assert isinstance(failed, InferenceError) and "RuntimeError: boom" in failed.message
     assert int(ok[0][0]) == 21  # another bucket's batch is unaffected
+    assert faults == ["request"]
+
+
+def test_a_failing_request_does_not_fail_the_others_in_its_batch() -> None:
+    """Three requests share one batch; one of them holds the input the model raises on. The
+    batch is run again one request at a time: the two others get their rows, the third its 500,
+    the fault is counted once, and the worker goes on to the next batch."""
+    backend = RecordingBackend(fail_on=13)
+    faults: list[str] = []
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, on_model_error=faults.append)
+
+    async def body() -> list[Any]:
+        backend.gate.clear()  # hold the worker so the three requests queue up and share a batch
+        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        shared = [
+            asyncio.ensure_future(batcher.submit(items, [0] * len(items), 5.0)) for items in ([11, 12], [13], [14])
+        ]
+        await _until(lambda: batcher.depth == 4)
+        backend.gate.set()
+        answers = await asyncio.gather(first, *shared, return_exceptions=True)
+        answers.append(await batcher.submit([15], [0], 5.0))  # the worker still serves
+        return answers
+
+    first, ok, failed, other, later = run(_with(batcher, body()))
+    assert [int(r[0]) for r in ok] == [11, 12] and int(other[0][0]) == 14 and int(later[0][0]) == 15
+    assert isinstance(failed, InferenceError) and "RuntimeError: boom" in failed.message
+    assert backend.batches[1] == [11, 12, 13, 14]  # they did share a batch, then ran one request at a time
+    assert backend.batches[2:5] == [[11, 12], [13], [14]]
+    assert faults == ["batch"] and int(first[0][0]) == 1
+
+
+def test_a_fault_that_does_not_repeat_fails_nobody() -> None:
+    """A model call that raises once (a transient fault): every request of the batch is answered
+    from the one-request-at-a-time runs, and the fault is still counted."""
+
+    class FlakyBackend(RecordingBackend):
+        def run(self, payloads: Sequence[Any]) -> np.ndarray:
+            rows = super().run(payloads)
+            if len(self.batches) == 2:  # the shared batch
+                raise MemoryError("transient")
+            return rows
+
+    backend = FlakyBackend()
+    faults: list[str] = []
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, on_model_error=faults.append)
+
+    async def body() -> list[Any]:
+        backend.gate.clear()
+        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        shared = [asyncio.ensure_future(batcher.submit([n], [0], 5.0)) for n in (2, 3)]
+        await _until(lambda: batcher.depth == 2)
+        backend.gate.set()
+        return await asyncio.gather(first, *shared)
+
+    answers = run(_with(batcher, body()))
+    assert [int(rows[0][0]) for rows in answers] == [1, 2, 3] and faults == ["batch"]
 
 
 def test_items_past_their_deadline_are_not_run() -> None:
