@@ -577,6 +577,11 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
             model.vit.embeddings.detection_tokens.normal_()
             for layer in model.class_labels_classifier.layers[:-1]:
                 layer.weight.mul_(10.0)
+    elif model_type == "d_fine":
+        resnet = t.RTDetrResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
+        config = t.DFineConfig(backbone_config=resnet, **{**_RT_DETR, "decoder_layers": 2}, **labels)
+        model = t.DFineForObjectDetection(config)
+        processor = {"size": {"height": 96, "width": 96}, "do_normalize": False}
     elif model_type == "rt_detr":
         resnet = t.RTDetrResNetConfig(**_RESNET, out_features=["stage2", "stage3", "stage4"])
         config = t.RTDetrConfig(backbone_config=resnet, **_RT_DETR, **labels)
@@ -598,17 +603,21 @@ def make_hf_detector(model_type: str, root: Path, *, head_scale: float | None = 
     return path
 
 
-def square_images(side: int, mean: Any, std: Any) -> Any:
-    """The generated validation images and files (decoded as the reference decodes them), each
-    resized to `side` x `side` (antialiased) and normalised by `mean` and `std`: what the
-    segmentation and detection fixtures re-estimate BatchNorm and fit heads on."""
+def square_images(side: int, mean: Any, std: Any, photos: Path | None = None) -> Any:
+    """The generated validation images and files (or the image files in the folder `photos`),
+    decoded as the reference decodes them, each resized to `side` x `side` (antialiased) and
+    normalised by `mean` and `std`: what the segmentation and detection fixtures re-estimate
+    BatchNorm and fit heads on."""
     import torch
     from torchvision.transforms import v2
 
     from ortpack.components.core.exporters.image_common import generated_validation_set, reference_decode
 
-    validation = generated_validation_set()
-    decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
+    if photos is not None:
+        decoded = [reference_decode(path.read_bytes()) for path in sorted(photos.iterdir())]
+    else:
+        validation = generated_validation_set()
+        decoded = [*validation.images, *(reference_decode(data) for data in validation.files)]
     resize = v2.Resize([side, side], antialias=True)
     mean, std = torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
     return torch.stack(
@@ -810,49 +819,150 @@ def make_hf_segmenter(model_type: str, root: Path, *, margin: float = 6.0) -> Pa
 
 # the layers of torchvision's detectors that score anchors, proposals or boxes (by name)
 SCORE_LAYERS = ("cls_logits", "cls_score", "classification_head.module_list")
+# and the layers that regress boxes from anchors or proposals
+BOX_LAYERS = ("bbox_pred", "bbox_reg", "regression_head.module_list")
 
 
-def make_zoo_detection_weights(name: str, out: Path, *, seed: int = 0, margin: float = 3.0) -> Path:
+def make_zoo_detection_weights(
+    name: str,
+    out: Path,
+    *,
+    photos: Path | None = None,
+    seed: int = 0,
+    margin: float = 1.0,
+    box_spread: float = 0.2,
+    per_image: int = 30,
+) -> Path:
     """Any torchvision detection builder with random weights made to behave like a trained
     detector's, for the vision zoo sweep: its backbone low-pass (`low_pass`) with BatchNorm
-    statistics re-estimated on the generated validation images and files (320 px square,
-    ImageNet-normalised), then every layer that scores anchors, proposals or boxes (the RPN's
+    statistics re-estimated on the image files in `photos` (else the generated validation images
+    and files; 320 px square, ImageNet-normalised), then every layer that scores anchors, proposals or boxes (the RPN's
     objectness, the box classifier, RetinaNet's, FCOS's and SSD's class heads: `SCORE_LAYERS`) given
     random weights whose outputs spread by `margin` on those images. torchvision initialises them
     at ~0 (std 0.01): every anchor's objectness ties, the top-k proposals are chosen among equals
     (PyTorch and ONNX Runtime break ties differently) and every class scores 1/91, below the
-    threshold. Saved with torch.save."""
+    threshold. The layers that regress boxes (`BOX_LAYERS`) get outputs that spread by `box_spread`,
+    a trained regressor's small corrections: torchvision's random ones answer deltas of ~5 on these
+    features (rms ~100), which the decoding exponentiates, so float rounding of 1e-5 moved
+    proposals by 2 px. Then the class biases are shifted until the busiest image has at most
+    `per_image` detections (`calibrate_detections`). Saved with torch.save."""
     import torch
     import torchvision
 
     torch.manual_seed(seed)
     model = torchvision.models.get_model(name, weights=None, weights_backbone=None)
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-    images = square_images(320, mean.flatten().tolist(), std.flatten().tolist())
+    images = square_images(320, mean.flatten().tolist(), std.flatten().tolist(), photos)
     low_pass(model.backbone)
     reestimate_batchnorm(model.backbone, images)
     model.eval()
     layers = [
         (n, m) for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Conv2d | torch.nn.Linear) and any(k in n for k in SCORE_LAYERS)
+        if isinstance(m, torch.nn.Conv2d | torch.nn.Linear) and any(k in n for k in (*SCORE_LAYERS, *BOX_LAYERS))
     ]  # fmt: skip
     rms: dict[str, float] = {}
 
     def measure(key: str) -> Any:
         def hook(module: Any, args: Any, output: Any) -> None:  # returns None: the output stays
-            rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))
+            rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))  # the batch's
 
         return hook
 
     hooks = [layer.register_forward_hook(measure(key)) for key, layer in layers]
+    # the images whose backbone features are loudest (they find the most detections) and every fifth
     with torch.no_grad():
-        model([(im * std + mean).clamp(0, 1) for im in images[:4]])  # the model normalises itself
+        loudness = torch.cat(
+            [sum(f.pow(2).mean(dim=(1, 2, 3)) for f in model.backbone(batch).values()) for batch in images.split(8)]
+        )
+    chosen = sorted({*loudness.argsort(descending=True)[:6].tolist(), *range(0, len(images), 5)})
+    sample = [(images[i] * std + mean).clamp(0, 1) for i in chosen]  # the model normalises itself
+    with torch.no_grad():
+        model(sample)
     for hook in hooks:
         hook.remove()
     with torch.no_grad():
         for key, layer in layers:
             fan_in = layer.weight[0].numel()
-            layer.weight.normal_(0.0, margin / (fan_in**0.5 * max(rms.get(key, 1.0), 1e-6)))
+            spread = box_spread if any(k in key for k in BOX_LAYERS) else margin
+            layer.weight.normal_(0.0, spread / (fan_in**0.5 * max(rms.get(key, 1.0), 1e-6)))
+    calibrate_detections(model, sample, per_image)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
     return out
+
+
+def _has_module(model: Any, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def calibrate_detections(model: Any, images: list[Any], per_image: int) -> None:
+    """Shift the class layers' biases against the foreground (background up where the head has
+    one: R-CNN's box classifier, SSD's softmax; every class down for RetinaNet's and FCOS's
+    sigmoids) until `model` finds at most `per_image` detections in any of `images`, as a trained
+    detector finds a few objects. Random class heads fire on nearly every proposal: an image
+    fills all 100 slots with scores near 1.0, and which detections take the last slots is decided
+    among equals, differently by PyTorch and ONNX Runtime (a sweep of such weights proves nothing
+    about the graph)."""
+    import torch
+
+    heads = [
+        (n, m) for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Conv2d | torch.nn.Linear) and not n.startswith("rpn")
+        and any(k in n for k in SCORE_LAYERS) and m.bias is not None
+    ]  # fmt: skip
+    original = {n: m.bias.detach().clone() for n, m in heads}
+
+    def foreground_down(shift: float) -> None:
+        for n, m in heads:
+            bias = original[n].clone()
+            if n.endswith("cls_score"):  # R-CNN: softmax, background is class 0
+                bias[0] += shift
+            elif "module_list" in n:  # SSD: softmax per anchor, background is each group's class 0
+                bias[:: model.head.classification_head.num_columns] += shift
+            else:  # RetinaNet, FCOS: one sigmoid a class
+                bias -= shift
+            with torch.no_grad():
+                m.bias.copy_(bias)
+
+    def busiest(shift: float) -> int:
+        foreground_down(shift)
+        calls.clear()
+        with torch.no_grad():
+            return max(len(d["scores"]) for d in model(images))
+
+    # what comes before the class layers does not change with the shift: the backbone's
+    # features, R-CNN's proposals and box features are computed at the first step and replayed
+    # (call by call, in order) at the others; a ResNet-50 FPN at 800 px is most of the time
+    replayed = [name for name in ("backbone", "rpn", "roi_heads.box_roi_pool", "roi_heads.box_head")
+                if _has_module(model, name)]  # fmt: skip
+    recorded: dict[tuple[str, int], Any] = {}
+    calls: dict[str, int] = {}
+
+    def replay(name: str, forward: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            key = (name, calls.get(name, 0))
+            calls[name] = key[1] + 1
+            if key not in recorded:
+                recorded[key] = forward(*args, **kwargs)
+            return recorded[key]
+
+        return call
+
+    for name in replayed:
+        module = model.get_submodule(name)
+        module.forward = replay(name, module.forward)
+    try:
+        low, high = 0.0, 1.0
+        while busiest(high) > per_image and high < 64:
+            low, high = high, high * 2
+        for _ in range(8):  # bisection: busiest() falls as the shift grows
+            middle = (low + high) / 2
+            low, high = (middle, high) if busiest(middle) > per_image else (low, middle)
+    finally:
+        for name in replayed:
+            del model.get_submodule(name).forward  # the class's own again
+    foreground_down(high)

@@ -2,7 +2,8 @@
 `build_row`, the pipeline's own steps (export with random weights made non-degenerate, cpu fp32
 against the gate, package) and a real server answering a JPEG on the task's route (segmentation:
 EfficientNet-Lite0's trained trunk with a fitted per-class head, an own module; a torchvision
-segmenter: tests/end_to_end/test_segmentation.py). The whole
+segmenter: tests/end_to_end/test_segmentation.py; a one-stage torchvision detector:
+tests/end_to_end/test_object_detection.py). The whole
 table: `python bench/vision_zoo.py` (docs/vision-zoo.md)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from bench.vision_zoo import LITE0_OPTIONS, LITE0_SEGMENTER, Row, build_row
 
 SEG = "semantic-segmentation"
+FRCNN = "fasterrcnn_mobilenet_v3_large_320_fpn"  # gated on photos (bench/vision_zoo.py)
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.slow
         (Row("timm", "resnet18", "timm:resnet18"), "top-1 "),
         (Row("timm", "convnext_atto", "timm:convnext_atto", task="image-embedding"), "320-d vector"),
         (Row("huggingface", "convnext", ""), "top-1 label_"),
+        (Row("torchvision", FRCNN, FRCNN, task="object-detection"), " detections"),  # two stages: RoIAlign
         (Row("huggingface", "conditional_detr", "", task="object-detection"), " detections"),
         (Row("huggingface", "rt_detr", "", task="object-detection"), " detections"),
         (Row("own", "efficientnet_lite0_segmenter", LITE0_SEGMENTER, task=SEG, options=LITE0_OPTIONS), " classes"),
