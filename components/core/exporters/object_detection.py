@@ -196,6 +196,8 @@ def load_detector(source: DetectionSource, opts: DetectionOptions) -> Detector:
     elif source.kind not in ("program", "huggingface"):
         log.warning("export: %s has random weights (no --weights given)", source.value)
     network = network.float().eval()
+    if source.kind == "torchvision":
+        boxes_only(network)
     thresholds = Thresholds(
         score=defaults.score if opts.score_threshold is None else opts.score_threshold,
         iou=defaults.iou if opts.iou_threshold is None else opts.iou_threshold,
@@ -207,6 +209,18 @@ def load_detector(source: DetectionSource, opts: DetectionOptions) -> Detector:
     if source.kind in ("program", "huggingface"):
         record["id"] = Path(source.value).name
     return Detector(network=network, decoder=decoder, labels=labels, thresholds=thresholds, record=record)
+
+
+def boxes_only(network: nn.Module) -> None:
+    """Mask R-CNN's and Keypoint R-CNN's mask and keypoint branches taken off (after their weights
+    were loaded): the graph answers boxes, and the masks' paste-into-the-image loop exported as an
+    ONNX Loop that ONNX Runtime's optimised graph refused ("Graph must be in single static
+    assignment form"; torchvision 0.29, ORT 1.32)."""
+    heads = getattr(network, "roi_heads", None)
+    for branch in ("mask", "keypoint"):
+        for part in ("roi_pool", "head", "predictor"):
+            if getattr(heads, f"{branch}_{part}", None) is not None:
+                setattr(heads, f"{branch}_{part}", None)
 
 
 def _set_thresholds(network: nn.Module, thresholds: Thresholds) -> None:
