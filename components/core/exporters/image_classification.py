@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ortpack.components.core.artifacts import ExportResult
-from ortpack.components.core.errors import ExportError, InvalidSpecError, ModelLoadError
+from ortpack.components.core.errors import ExportError, InvalidSpecError
 from ortpack.components.core.exporters.image_common import (
     INPUT_NAME,
     MIN_OPSET,
@@ -41,6 +41,7 @@ from ortpack.components.core.exporters.image_common import (
     photo_validation_set,
     preprocessing_settings,
     preprocessing_spec,
+    read_labels_file,
     reference_decode,
     reference_decode_size,
     reference_transform,
@@ -86,13 +87,7 @@ class Classifier(nn.Module):
 def read_labels(labels: str | None, source: str, classes: int, weights: str | None = None) -> list[str]:
     if labels is None:
         return default_labels(parse_image_source(source, local=False), classes, weights)
-    path = Path(labels)
-    if not path.is_file():
-        raise ModelLoadError(f"labels file not found: {labels}")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if len(lines) != classes:
-        raise ModelLoadError(f"{labels} has {len(lines)} labels; {source} has {classes} classes")
-    return lines
+    return read_labels_file(labels, classes, source)
 
 
 @torch.inference_mode()

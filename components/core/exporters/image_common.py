@@ -540,17 +540,22 @@ def validation_files(opts: ImageModelOptions) -> list[tuple[str, bytes]]:
     return [(s.name, encode_validation_image(s)) for s in encoded_validation_images()]
 
 
+def read_labels_file(path: str, classes: int, model: str = "the model") -> list[str]:
+    """The labels file at `path`: one per line, as many as `model`'s classes."""
+    file = Path(path)
+    if not file.is_file():
+        raise ModelLoadError(f"labels file not found: {path}")
+    lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(lines) != classes:
+        raise ModelLoadError(f"{path} has {len(lines)} labels; {model} has {classes} classes")
+    return lines
+
+
 def labels_for(path: str | None, known: list[str], classes: int) -> list[str]:
-    """The labels file at `path` (one per line, as many as the model's classes), else the model's
-    own labels when it has one per class, else `class_N`."""
+    """The labels file at `path` (`read_labels_file`), else the model's own labels when it has one
+    per class, else `class_N`."""
     if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ModelLoadError(f"labels file not found: {path}")
-        lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(lines) != classes:
-            raise ModelLoadError(f"{path} has {len(lines)} labels; the model has {classes} classes")
-        return lines
+        return read_labels_file(path, classes)
     if len(known) == classes:
         return known
     return [f"class_{i}" for i in range(classes)]
