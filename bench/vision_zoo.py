@@ -251,7 +251,7 @@ def hf_checkpoint(model_type: str, root: Path) -> Path:
     return path
 
 
-def spread_weights(row: Row, work: Path) -> Path:
+def spread_weights(row: Row, work: Path, photos: Path | None = None) -> Path:
     """Random weights made non-degenerate (tests.models.make_zoo_weights): torchvision's and
     timm's own initialisation gives nearly every image the same probabilities, which any graph
     matches."""
@@ -261,11 +261,9 @@ def spread_weights(row: Row, work: Path) -> Path:
         make_zoo_detection_weights,
         make_zoo_weights,
     )
-    from tests.photos import write_photo_sets
 
     if row.task == "object-detection":
-        photos = write_photo_sets(work / "photos")
-        return make_zoo_detection_weights(row.source, work / "weights.pt", photos=photos.calibration)
+        return make_zoo_detection_weights(row.source, work / "weights.pt", photos=photos)
     if row.source == LITE0_SEGMENTER:
         return make_lite0_segmenter_weights(work / "weights.pt")
     if row.task == "semantic-segmentation":
@@ -313,6 +311,7 @@ def build_row(row: Row, work: Path, int8: bool) -> dict[str, Any]:
     from ortpack.components.core.specs import ExportSpec, VariantSpec
     from ortpack.components.core.tasks import thresholds_for
     from tests.models import make_hf_detector, make_hf_segmenter
+    from tests.photos import write_photo_sets
 
     t0 = time.perf_counter()
     hf_fixture = {"object-detection": make_hf_detector, "semantic-segmentation": make_hf_segmenter}.get(row.task)
@@ -320,10 +319,12 @@ def build_row(row: Row, work: Path, int8: bool) -> dict[str, Any]:
     record: dict[str, Any] = {"zoo": row.zoo, "task": row.task, "source": row.source or f"hf:{row.name}"}
     options = dict(row.options)
     try:
+        calibration = None
+        if row.task == "object-detection" and row.zoo == "torchvision":  # weights fitted beside the photos gated
+            photos = write_photo_sets(work / "photos")
+            calibration, options["validation_images"] = photos.calibration, str(photos.validation)
         if row.zoo != "huggingface":
-            options["weights"] = str(spread_weights(row, work))
-        if row.task == "object-detection" and row.zoo == "torchvision":  # the photos the weights were fitted beside
-            options["validation_images"] = str(work / "photos" / "validation")
+            options["weights"] = str(spread_weights(row, work, calibration))
         spec = ExportSpec(source=source, task=row.task, name="zoo", options=options, opset=row.opset)
         export = export_model(spec, work / "export")
     except Exception as exc:  # noqa: BLE001 - a failed row is a row of the table, not the end of the run

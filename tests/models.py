@@ -836,16 +836,17 @@ def make_zoo_detection_weights(
     """Any torchvision detection builder with random weights made to behave like a trained
     detector's, for the vision zoo sweep: its backbone low-pass (`low_pass`) with BatchNorm
     statistics re-estimated on the image files in `photos` (else the generated validation images
-    and files; 320 px square, ImageNet-normalised), then every layer that scores anchors, proposals or boxes (the RPN's
-    objectness, the box classifier, RetinaNet's, FCOS's and SSD's class heads: `SCORE_LAYERS`) given
-    random weights whose outputs spread by `margin` on those images. torchvision initialises them
-    at ~0 (std 0.01): every anchor's objectness ties, the top-k proposals are chosen among equals
-    (PyTorch and ONNX Runtime break ties differently) and every class scores 1/91, below the
-    threshold. The layers that regress boxes (`BOX_LAYERS`) get outputs that spread by `box_spread`,
-    a trained regressor's small corrections: torchvision's random ones answer deltas of ~5 on these
-    features (rms ~100), which the decoding exponentiates, so float rounding of 1e-5 moved
-    proposals by 2 px. Then the class biases are shifted until the busiest image has at most
-    `per_image` detections (`calibrate_detections`). Saved with torch.save."""
+    and files; 320 px square, ImageNet-normalised), then every layer that scores anchors,
+    proposals or boxes (the RPN's objectness, the box classifier, RetinaNet's, FCOS's and SSD's
+    class heads: `SCORE_LAYERS`) given random weights whose outputs spread by `margin` on those
+    images. torchvision initialises them at ~0 (std 0.01): every anchor's objectness ties, the
+    top-k proposals are chosen among equals (PyTorch and ONNX Runtime break ties differently) and
+    every class scores 1/91, below the threshold. The layers that regress boxes (`BOX_LAYERS`) get
+    outputs that spread by `box_spread`, a trained regressor's small corrections: torchvision's
+    random ones answer deltas of ~5 on these features (rms ~100), which the decoding
+    exponentiates, so float rounding of 1e-5 moved proposals by 2 px. Then the class biases are
+    shifted until the busiest image has at most `per_image` detections (`calibrate_detections`).
+    Saved with torch.save."""
     import torch
     import torchvision
 
@@ -864,7 +865,7 @@ def make_zoo_detection_weights(
 
     def measure(key: str) -> Any:
         def hook(module: Any, args: Any, output: Any) -> None:  # returns None: the output stays
-            rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))  # the batch's
+            rms.setdefault(key, float(args[0].float().pow(2).mean().sqrt()))
 
         return hook
 
@@ -889,14 +890,6 @@ def make_zoo_detection_weights(
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, out)
     return out
-
-
-def _has_module(model: Any, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-    except AttributeError:
-        return False
-    return True
 
 
 def calibrate_detections(model: Any, images: list[Any], per_image: int) -> None:
@@ -937,8 +930,8 @@ def calibrate_detections(model: Any, images: list[Any], per_image: int) -> None:
     # what comes before the class layers does not change with the shift: the backbone's
     # features, R-CNN's proposals and box features are computed at the first step and replayed
     # (call by call, in order) at the others; a ResNet-50 FPN at 800 px is most of the time
-    replayed = [name for name in ("backbone", "rpn", "roi_heads.box_roi_pool", "roi_heads.box_head")
-                if _has_module(model, name)]  # fmt: skip
+    modules = dict(model.named_modules())
+    replayed = [name for name in ("backbone", "rpn", "roi_heads.box_roi_pool", "roi_heads.box_head") if name in modules]
     recorded: dict[tuple[str, int], Any] = {}
     calls: dict[str, int] = {}
 
@@ -953,8 +946,7 @@ def calibrate_detections(model: Any, images: list[Any], per_image: int) -> None:
         return call
 
     for name in replayed:
-        module = model.get_submodule(name)
-        module.forward = replay(name, module.forward)
+        modules[name].forward = replay(name, modules[name].forward)
     try:
         low, high = 0.0, 1.0
         while busiest(high) > per_image and high < 64:
@@ -964,5 +956,5 @@ def calibrate_detections(model: Any, images: list[Any], per_image: int) -> None:
             low, high = (middle, high) if busiest(middle) > per_image else (low, middle)
     finally:
         for name in replayed:
-            del model.get_submodule(name).forward  # the class's own again
+            del modules[name].forward  # the class's own again
     foreground_down(high)
