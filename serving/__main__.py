@@ -285,6 +285,7 @@ def serve(service: Any, config: Any, sockets: list[socket.socket], timeline: Any
         header_timeout_s=config.header_timeout_s,
         body_timeout_s=config.body_timeout_s,
         keep_alive_s=config.timeout_keep_alive_s,
+        max_discard_bytes=config.max_body_bytes,
         on_reject=lambda reason: metrics.rejections.labels(reason=reason).inc(),
     )
 

@@ -23,11 +23,23 @@ plain text. This subclass adds, per connection:
 - each request's scope carries `ortpack.arrival` (when its first byte was read): the deadline
   counts from there;
 - while the server drains (after SIGTERM), answers carry `Connection: close`, so clients move to
-  other replicas.
+  other replicas;
+- an answer sent before its request's body arrived (an early 429 or 413, decided before reading)
+  reaches the client: the rest of the body is read and discarded, at most `max_discard_bytes`
+  within `body_timeout_s` of the answer (uvicorn's keep-alive timer, which counts idle time
+  between requests, no longer closes the connection in the middle of that body), then the
+  connection serves its next request;
+- "lingering close", as nginx and Apache do it: where the server closes a connection the client
+  may still be writing to (a refusal that closes, the discard bounds exceeded, `Connection: close`
+  on an early answer), it sends the answer and a FIN (`write_eof`), then reads and drops what
+  still arrives until the client closes, `LINGER_IDLE_S` pass without a byte, `linger_s` pass in
+  all or `max_discard_bytes` more arrive. Closing at once would make the kernel answer the client's
+  next bytes with a reset, and a client still writing usually never reads the answer waiting in
+  its buffer.
 
 What stays outside the JSON shape: a connection refused by the kernel (backlog full), a reset
-seen by a client that was still writing when its connection was closed, and answers written
-before any request was read (none: the 503 for too many connections is JSON).
+seen by a client that went on writing past the lingering bounds, and answers written before any
+request was read (none: the 503 for too many connections is JSON).
 """
 
 from __future__ import annotations
@@ -45,6 +57,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 log = logging.getLogger("ortpack.serve")
 
+# lingering close: the longest pause in what a client still sends before the connection closes
+LINGER_IDLE_S = 2.0
 _KINDS = {400: "invalid_request", 408: "request_timeout", 431: "headers_too_large", 503: "overloaded"}
 _REASONS = {400: "bad_request", 408: "slow_client", 431: "headers_too_large", 503: "too_many_connections"}
 
@@ -59,6 +73,8 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     keep_alive_s: float
+    max_discard_bytes: int = 4 << 20  # body bytes read and dropped after an early answer (the server's max body)
+    linger_s: float = 10.0  # the longest a lingering close reads and drops what still arrives
     draining: bool = False
     on_reject: Any = None  # callable(reason: str), e.g. a metrics counter
 
@@ -89,6 +105,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._closed_by_us = False
         self._timer: asyncio.TimerHandle | None = None
         self._arrival = 0.0
+        self._body_done = True  # the current request's body has all arrived (or there is no request)
+        self._discarded = 0  # bytes dropped after an early answer or while lingering
+        self._linger_until: float | None = None  # lingering close under way: when it ends at the latest
 
     # ---------------------------------------------------------------- connection
 
@@ -120,6 +139,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # ---------------------------------------------------------------- reading
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_until is not None:
+            self._drop_lingering(len(data))
+            return
         if self._closed_by_us or self.parser is None:
             return
         self._unset_keepalive_if_required()
@@ -161,18 +183,43 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._body_done = False
+        self._discarded = 0
         self._disarm()
         self.scope["ortpack.arrival"] = self._arrival  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
+        if self.cycle is not None:  # uvicorn closes after an answer with Connection: close: linger instead
+            self.cycle.transport = _CloseAfterAnswer(self.transport, self)  # type: ignore[assignment]
         if self.limits.draining and self.cycle is not None:
             self.cycle.keep_alive = False  # answer with Connection: close: clients move elsewhere
         self._arm(self.limits.body_timeout_s, self._on_body_timeout)
 
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete:  # answered early: the rest is dropped, within bounds
+            self._discarded += len(body)
+            if self._discarded > self.limits.max_discard_bytes:
+                self._linger_close()
+            return
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        answered = self.cycle is not None and self.cycle.response_complete
         super().on_message_complete()
+        self._body_done = True
         self._disarm()
         self._in_head = True
         self._head_bytes = 0
+        if answered and not self._closed_by_us:  # the dropped body ended: idle until the next request
+            self._arm(self.limits.keep_alive_s, self._on_idle_timeout)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # arms uvicorn's keep-alive timer, for idle time between requests
+        if not self._body_done and not self.transport.is_closing():
+            # answered before the body arrived: the rest is still coming, and the client is reading
+            # nothing until it has written it. Not idle: the body timeout bounds it instead.
+            self._unset_keepalive_if_required()
+            self._arm(self.limits.body_timeout_s, self._linger_close)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
@@ -190,6 +237,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _on_linger_idle(self) -> None:
+        self._timer = None
+        self._end_linger()
 
     def _on_idle_timeout(self) -> None:
         self._timer = None  # no request began since the connection opened: close it quietly
@@ -224,4 +275,58 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
                 self.transport.write(error_bytes(status, message, extra))
+            self._linger_close()
+
+    # ---------------------------------------------------------------- lingering close
+
+    def close_after_answer(self) -> None:
+        """uvicorn closes the connection after an answer with `Connection: close`: at once when
+        the request has all arrived, else after lingering (the client is still writing)."""
+        if self._body_done:
             self.transport.close()
+        else:
+            self._linger_close()
+
+    def _linger_close(self) -> None:
+        """The answer is written: send a FIN and drop what still arrives, within bounds, then close."""
+        self._timer = None
+        self._closed_by_us = True
+        self._unset_keepalive_if_required()
+        self._disarm()
+        if self._linger_until is not None or self.transport.is_closing():
+            return
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()  # after what is buffered: the client reads the answer, then the end
+        self._linger_until = self.loop.time() + self.limits.linger_s
+        self._discarded = 0  # a body of up to twice the largest accepted one still gets its answer
+        self.flow.resume_reading()
+        self._arm(LINGER_IDLE_S, self._on_linger_idle)
+
+    def _drop_lingering(self, size: int) -> None:
+        self._discarded += size
+        if self._discarded > self.limits.max_discard_bytes or self.loop.time() >= (self._linger_until or 0.0):
+            self._end_linger()
+        else:
+            self._arm(LINGER_IDLE_S, self._on_linger_idle)
+
+    def _end_linger(self) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+class _CloseAfterAnswer:
+    """The transport uvicorn's request cycle writes to, except that its `close()` (after an answer
+    with `Connection: close`) lingers while the request's body is still arriving."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpToolsProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.close_after_answer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

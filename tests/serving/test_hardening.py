@@ -192,6 +192,98 @@ def test_connection_limit_answers_503(server: tuple[RunningServer, int]) -> None
             sock.close()
 
 
+# --- answers before the body: the client still writing reads them -------------------------------
+
+
+def read_answer(sock: socket.socket, timeout: float = 10) -> tuple[int, dict[str, str], dict[str, object]]:
+    """One answer on a connection that may stay open: the head, then Content-Length bytes."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection ended before an answer: {data!r}"
+        data += chunk
+    _, headers, _ = parse(data.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+    while len(data.partition(b"\r\n\r\n")[2]) < int(headers["content-length"]):
+        data += sock.recv(65536)
+    return parse(data)
+
+
+def send_slowly(sock: socket.socket, body: bytes, pause_after: int, pause_s: float) -> None:
+    """Write `body` in 64 KB pieces with one pause: a client that keeps writing after the answer
+    came (sendall raises if the server closed meanwhile: the reset this checks against)."""
+    for offset in range(0, len(body), 1 << 16):
+        if offset == pause_after:
+            time.sleep(pause_s)
+        sock.sendall(body[offset : offset + (1 << 16)])
+
+
+def test_a_client_that_reads_the_early_answer_then_writes_its_body_is_not_reset(
+    server: tuple[RunningServer, int],
+) -> None:
+    """401 comes before the 2 MB body is read; this client reads it, pauses 1.5 s (past the 1 s
+    keep-alive and body timeouts) and writes its body all the same. Before, the keep-alive timer
+    closed the connection during the pause and the body's first bytes were answered with a reset;
+    now the server lingers: a FIN after the answer, the body read and dropped, then the close."""
+    s, _ = server
+    body = b"x" * (2 << 20)
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port_of(s)), timeout=10) as sock:
+        sock.sendall(head.encode())
+        status, _, answer = read_answer(sock)
+        time.sleep(1.5)
+        send_slowly(sock, body, pause_after=-1, pause_s=0)
+        assert sock.recv(1) == b""  # the server's FIN, not a reset
+    assert status == 401 and answer["error"]["type"] == "unauthorized"  # type: ignore[index]
+
+
+def test_a_body_dropped_after_an_early_answer_keeps_the_connection(server: tuple[RunningServer, int]) -> None:
+    s, _ = server
+    body = b"x" * (2 << 20)
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port_of(s)), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        refused, _, _ = read_answer(sock)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        live, _, _ = read_answer(sock)
+    assert (refused, live) == (401, 200)
+
+
+def test_a_body_over_twice_the_limit_is_cut_off_after_the_answer(server: tuple[RunningServer, int]) -> None:
+    """413 before reading a 64 MB body (the limit is 4 MB): the server drops up to twice the limit,
+    then closes; the client, still writing, is reset. Bounded work, never the whole body."""
+    s, _ = server
+    head = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 67108864\r\n\r\n"
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port_of(s)), timeout=10) as sock:
+        sock.sendall(head.encode())
+        with pytest.raises(OSError):  # reset (or broken pipe) once the server stopped dropping
+            for _ in range(1024):
+                sock.sendall(b"x" * (1 << 16))
+                sent += 1 << 16
+    assert sent < 32 << 20, f"{sent >> 20} MB read after the answer"
+
+
+def test_a_refusal_that_closes_lingers_for_the_client_still_writing(server: tuple[RunningServer, int]) -> None:
+    """Over the connection limit: 503 at once, and the connection closes. A client writing a 2 MB
+    request meanwhile still reads the 503 (the server drops the bytes, then closes)."""
+    s, _ = server
+    port = port_of(s)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
+    body = b"x" * (2 << 20)
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+            time.sleep(0.2)  # the 503 and the FIN are sent before the request is
+            send_slowly(extra, head.encode() + body, pause_after=-1, pause_s=0)
+            status, headers, answer = parse(read_to_close(extra, 10))
+        assert status == 503 and headers["retry-after"] == "1"
+        assert "too many connections" in answer["error"]["message"]  # type: ignore[index]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 # --- clients that go away ---------------------------------------------------------------------
 
 
