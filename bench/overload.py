@@ -1,7 +1,7 @@
 """Overload: what the server answers when more is asked of it than it can do, in one run.
 
     python bench/overload.py [--bundle dist/all-MiniLM-L6-v2] [--image-bundle DIR [--images-only]] [--seconds 40]
-        [--compare-with DIR] [--out bench/results/overload.json]
+        [--compare-with DIR] [--loads 'at once' --repeat 3] [--out bench/results/overload.json]
 
 Batch clients of the kind a re-indexing job runs (each request 64 texts of ~2,000 characters, so
 ~256 tokens each after truncation), closed loop (each client sends its next request when the last
@@ -16,8 +16,9 @@ defaults and `--max-memory 1Gi` (the deployment's limit, deploy/base/deployment.
   probe polls /v2/health/ready;
 - with `--image-bundle`: 100 clients sending 4000x3000 JPEG photos at once.
 
-Per run: goodput (answers 200 within the 30 s deadline, per second), 200s, 429s, 504s and other
-errors, the p99 of the interactive clients, the slowest refusal (time to a 429), peak RSS of the
+Per run: goodput (answers 200 within the 30 s deadline, per second), 200s, 429s, 504s, resets (a
+connection error where an answer was due: the client lost it) and other errors, the p99 of the
+interactive clients, the slowest refusal (time to a 429), peak RSS of the
 server process, and readiness failures during the run. `--compare-with DIR` runs the same loads
 against `python -m ortpack.serving` (or `python -m serving`, for a tree from before the ortpack
 package) from DIR first (e.g. `git worktree add DIR REV`), so before and after are measured in one
@@ -68,7 +69,8 @@ class Outcome:
     ok_late: int = 0  # 200s that arrived after the deadline (clients would have given up)
     refused: int = 0  # 429
     timeouts: int = 0  # 504
-    other: int = 0  # any other status, or a connection error
+    other: int = 0  # any other status
+    resets: int = 0  # a connection error (reset, broken pipe, closed before an answer): the answer was lost
     interactive_ms: list[float] = field(default_factory=list)
     refusal_ms: list[float] = field(default_factory=list)
     peak_rss_mb: float = 0.0
@@ -163,6 +165,8 @@ def record(outcome: Outcome, status: int, seconds: float, interactive: bool) -> 
         outcome.refusal_ms.append(seconds * 1000)
     elif status == 504:
         outcome.timeouts += 1
+    elif status == 0:
+        outcome.resets += 1
     else:
         outcome.other += 1
 
@@ -235,8 +239,8 @@ def run_load(name: str, port: int, process: psutil.Process, plan: dict[str, Any]
     s = outcome.summary()
     print(
         f"  {name}: batch goodput {s['batch_goodput_per_s']:.2f}/s ({outcome.ok} x 200, {outcome.refused} x 429, "
-        f"{outcome.timeouts} x 504, {outcome.other} other) in {outcome.seconds:.0f} s, peak RSS "
-        f"{outcome.peak_rss_mb:.0f} MB, interactive p99 {s['interactive_p99_ms']:.0f} ms, slowest 429 "
+        f"{outcome.timeouts} x 504, {outcome.resets} resets, {outcome.other} other) in {outcome.seconds:.0f} s, "
+        f"peak RSS {outcome.peak_rss_mb:.0f} MB, interactive p99 {s['interactive_p99_ms']:.0f} ms, slowest 429 "
         f"{s['refusal_max_ms']:.0f} ms, readiness failures {outcome.ready_failures}/{outcome.ready_polls}",
         flush=True,
     )
@@ -290,6 +294,18 @@ def image_plans() -> dict[str, dict[str, Any]]:
     return {"100 x 4000x3000 JPEG at once": {"flood": photo, "flood_clients": 100}}
 
 
+def chosen(plans: dict[str, dict[str, Any]], contains: str, repeat: int) -> dict[str, dict[str, Any]]:
+    """The loads whose names contain `contains` (all for ""), each `repeat` times (run 2, 3... named so)."""
+    picked = {name: plan for name, plan in plans.items() if contains in name}
+    if OVERLOAD in picked and KNEE not in picked:
+        picked = {KNEE: plans[KNEE], **picked}  # the 3x load is sized from the knee's throughput
+    return {
+        (name if run == 1 else f"{name}, run {run}"): plan
+        for name, plan in picked.items()
+        for run in range(1, repeat + 1)
+    }
+
+
 def commands(tree: Path | None) -> list[str]:
     if tree is not None and not (tree / "ortpack").is_dir():
         return [sys.executable, "-m", "serving"]  # a tree from before the ortpack package
@@ -324,6 +340,7 @@ def results_table(rows: list[dict[str, Any]]) -> str:
         "200",
         "429",
         "504",
+        "reset",
         "other",
         "interactive p99 ms",
         "429 in ms p50/p99/max",
@@ -337,6 +354,7 @@ def results_table(rows: list[dict[str, Any]]) -> str:
             str(r["ok"]),
             str(r["refused"]),
             str(r["timeouts"]),
+            str(r.get("resets", 0)),
             str(r["other"] + r["ok_late"]),
             f"{r['interactive_p99_ms']:.0f}" if r["interactive_requests"] else "-",
             f"{r['refusal_p50_ms']:.0f}/{r['refusal_p99_ms']:.0f}/{r['refusal_max_ms']:.0f}" if r["refused"] else "-",
@@ -355,6 +373,8 @@ def main() -> int:
     parser.add_argument("--images-only", action="store_true", help="with --image-bundle: skip the text loads")
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--compare-with", default="", help="another tree to run first (before a change)")
+    parser.add_argument("--loads", default="", help="only the loads whose names contain this (e.g. 'at once')")
+    parser.add_argument("--repeat", type=int, default=1, help="run each chosen load this many times")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overload.json"))
     args = parser.parse_args()
 
@@ -362,7 +382,7 @@ def main() -> int:
     from ortpack.kernel.hardware import this_machine
 
     bundle = Path(args.bundle)
-    plans = text_plans(read_manifest(bundle).name, args.seconds)
+    plans = chosen(text_plans(read_manifest(bundle).name, args.seconds), args.loads, args.repeat)
     trees: list[tuple[str, Path | None]] = [("after", None)]
     if args.compare_with:
         trees.insert(0, ("before", Path(args.compare_with).resolve()))
@@ -373,7 +393,7 @@ def main() -> int:
         if not args.images_only:
             rows += measure(label, tree, bundle, plans)
         if args.image_bundle:
-            rows += measure(label, tree, Path(args.image_bundle), image_plans())
+            rows += measure(label, tree, Path(args.image_bundle), chosen(image_plans(), args.loads, args.repeat))
     print()
     print(results_table(rows))
     write_results(

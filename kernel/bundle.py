@@ -12,11 +12,13 @@ depends on nothing heavier than pydantic.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -458,12 +460,38 @@ def write_bundle(
     `manifest` is every manifest field but `files`, `schema_version` and `created_at`, which
     this function fills in. `files` maps a path inside the bundle to a source file to copy.
     The bundle is built in a temporary directory beside `out_dir` and renamed into place, so a
-    failure leaves nothing at `out_dir`. An existing `out_dir` is replaced only with `force`.
+    failure (a full disk: one-line BundleError), or the process killed, leaves nothing at
+    `out_dir`. Writers of one directory take turns (a lock on it), and each first removes what a
+    killed writer of this bundle left (its hidden staging directory). An existing `out_dir` is
+    replaced only with `force`.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise BundleError(f"output directory exists: {out_dir} (use --force to replace it)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _writing(out_dir):
+        try:
+            return _write_staged(out_dir, manifest, files)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise BundleError(f"cannot write the bundle {out_dir}: {exc.strerror or exc}{where}") from None
+
+
+@contextmanager
+def _writing(out_dir: Path) -> Iterator[None]:
+    """Hold the lock of `out_dir`'s parent; remove the staging left there by killed writers."""
+    fd = os.open(out_dir.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for left in out_dir.parent.glob(f".{out_dir.name}.*"):
+            if left.is_dir():
+                shutil.rmtree(left, ignore_errors=True)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the lock
+
+
+def _write_staged(out_dir: Path, manifest: Mapping[str, Any], files: Mapping[str, Path]) -> Manifest:
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         entries: dict[str, FileEntry] = {}

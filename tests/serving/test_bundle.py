@@ -47,7 +47,7 @@ def test_refuses_existing_output_unless_forced(tmp_path: Path, sources: dict[str
 def test_failed_write_leaves_nothing(tmp_path: Path, sources: dict[str, Path]) -> None:
     broken = dict(sources)
     broken["report.html"] = tmp_path / "does-not-exist.html"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(BundleError, match=r"cannot write the bundle .*: No such file or directory \(.*does-not-exist"):
         write_bundle(tmp_path / "out", minimal_manifest(), broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
