@@ -482,7 +482,11 @@ def _writing(out_dir: Path) -> Iterator[None]:
     """Hold the lock of `out_dir`'s parent; remove the staging left there by killed writers."""
     fd = os.open(out_dir.parent, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a filesystem without locks (some network and FUSE mounts): no turns, no cleanup
+            yield
+            return
         for left in out_dir.parent.glob(f".{out_dir.name}.*"):
             if left.is_dir():
                 shutil.rmtree(left, ignore_errors=True)
