@@ -234,7 +234,8 @@ def pull_fault(name: str, mode: str, injected: str, work: Path) -> Outcome:
         out.lost += again.returncode != 0
     finally:
         store.close()
-    return out.check(again.returncode == 0, f"{first.stdout.strip()[:110]} | re-run: {again.stdout.split()[0]}")
+    said = first.stdout.strip().replace(store.url, "URI")
+    return out.check(again.returncode == 0, f"{said} | re-run: {again.stdout.split()[0]}")
 
 
 def pull_full_disk(work: Path) -> Outcome:
@@ -261,7 +262,7 @@ def pull_full_disk(work: Path) -> Outcome:
             store.close()
     return out.check(
         "No space left" in first.stdout and free > 3 << 20,
-        f"{first.stdout.strip()[:100]} | left: {entries}",
+        f"{first.stdout.strip().replace(store.url, 'URI')} | left in the cache: {sum(map(len, entries.values()))}",
     )
 
 
@@ -419,7 +420,8 @@ def package_full_disk(work: Path) -> Outcome:
     out.attempts = 1
     one_line = job.returncode == 3 and "Traceback" not in stderr and len(stdout.strip().splitlines()) == 1
     out.answered, out.lost, out.corrupt = int(one_line), int(not one_line), len(left)
-    return out.check("No space left" in stdout, f"{stdout.strip().rsplit(': ', 1)[-1][:60]} | left: {left}")
+    reason = stdout.strip().split(": ", 1)[-1].split(" (")[0]
+    return out.check("No space left" in stdout, f"refused: {reason} | left: {left}")
 
 
 # ---------------------------------------------------------------- serving
