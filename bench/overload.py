@@ -382,7 +382,11 @@ def main() -> int:
     from ortpack.kernel.hardware import this_machine
 
     bundle = Path(args.bundle)
-    plans = chosen(text_plans(read_manifest(bundle).name, args.seconds), args.loads, args.repeat)
+    plans = (
+        {}
+        if args.images_only
+        else chosen(text_plans(read_manifest(bundle).name, args.seconds), args.loads, args.repeat)
+    )
     trees: list[tuple[str, Path | None]] = [("after", None)]
     if args.compare_with:
         trees.insert(0, ("before", Path(args.compare_with).resolve()))

@@ -88,6 +88,10 @@ class ImageInputs:
         if height * width > self.max_image_pixels:
             raise PayloadTooLargeError(f"images of {width}x{height} exceed the {self.max_image_pixels}-pixel limit")
         data = tensor.data
+        if isinstance(data, np.ndarray) and data.dtype == np.uint8:  # binary tensor data: checked as it is
+            if data.ndim != 1 or data.size != n * height * width * 3:
+                raise InvalidRequestError(f"input '{name}' has shape {shape} but {data.size} elements")
+            return list(data.reshape(n, height, width, 3))
         if isinstance(data, list) and data and isinstance(data[0], list):
             raise InvalidRequestError(f"input '{name}' data must be flat (row-major)")
         try:
