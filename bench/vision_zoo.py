@@ -136,11 +136,13 @@ EXPECTED_MISSES = {
     "hf:levit": "the tiny random network is chaotic: one-level pixel differences move its fitted 10-class "
     "probabilities by up to 0.078 (top-1 1.000)",
     "timm:mobileone_s0": "top-5 order flips on the random weights (top-1 0.975, max |diff| 0.008)",
-    "regnet_y_1_6gf": "top-1 flips on near ties of the random weights (top-1 0.925, max |diff| 0.0018)",
-    "resnet152": "top-5 order flips on the random weights of the deepest ResNet (top-1 0.981, top-5 0.842, "
-    "max |diff| 0.009): the fitted head's gaps do not survive 150 random layers; not established further",
-    "efficientnet_b7": "top-1 0.906, max |diff| 0.99 on one image: not investigated yet (chaotic random weights at "
-    "600 px, or an export fault: unknown)",
+    "regnet_y_1_6gf": "the random network answers a few images up to 96x louder than the median one, and those "
+    "loud images are chaotic: a one-level pixel difference moves their probabilities by up to 0.088 (top-1 "
+    "0.981); box-filter kernels (as the segmenters' fixture) made them 1,600x louder",
+    "resnet152": "the same on the deepest ResNet (loud images 24x the median one): max |diff| 0.043, top-5 0.921, "
+    "top-1 1.000",
+    "efficientnet_b7": "top-1 0.875, top-5 0.928, max |diff| 1.0 on one image (0.906 and 0.99 with the mean-fitted "
+    "head): not investigated further (chaotic random weights at 600 px, or an export fault: unknown)",
 }
 ROUTES = {
     "image-classification": "/v1/classify",
