@@ -200,7 +200,7 @@ def catalogue() -> list[Row]:
     rows += [Row("huggingface", name, "", task="object-detection", group="detection") for name in HF_DETECTORS]
     segmentation = torchvision.models.list_models(module=torchvision.models.segmentation)
     seg = {"task": "semantic-segmentation", "group": "segmentation"}
-    # the ResNet-based builders (dilated: output stride 8 at 520 px) take 15-20 minutes a row on 2 cores
+    # the ResNet-based builders (dilated: output stride 8 at 520 px) take 7-13 minutes a row on 2 cores
     rows += [
         Row(
             "torchvision",
