@@ -219,7 +219,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             # answered before the body arrived: the rest is still coming, and the client is reading
             # nothing until it has written it. Not idle: the body timeout bounds it instead.
             self._unset_keepalive_if_required()
-            self._arm(self.limits.body_timeout_s, self._linger_close)
+            self._arm(self.limits.body_timeout_s, self._on_discard_timeout)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
@@ -237,6 +237,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _on_discard_timeout(self) -> None:
+        self._timer = None
+        self._linger_close()
 
     def _on_linger_idle(self) -> None:
         self._timer = None
@@ -289,7 +293,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _linger_close(self) -> None:
         """The answer is written: send a FIN and drop what still arrives, within bounds, then close."""
-        self._timer = None
         self._closed_by_us = True
         self._unset_keepalive_if_required()
         self._disarm()
