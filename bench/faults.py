@@ -185,12 +185,22 @@ except BundleError as exc:
 """
 
 
-def pull(url: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def child_env() -> dict[str, str]:
+    """The environment of a pull or packaging process: this checkout importable, the store local."""
+    return {**os.environ, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "PYTHONPATH": str(ROOT)}
+
+
+def start_pull(url: str, cache: Path) -> subprocess.Popen[str]:
     """A deploy job's pull in its own process: fetch, verify, keep or discard."""
-    env = {**os.environ, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-c", PULL, url, str(cache)], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    command = [sys.executable, "-c", PULL, url, str(cache)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+
+
+def pull(url: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`start_pull`, waited for."""
+    job = start_pull(url, cache)
+    stdout, stderr = job.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
 
 
 def one_line_refusal(result: subprocess.CompletedProcess[str]) -> bool:
@@ -283,14 +293,8 @@ def two_pulls_one_cache(work: Path) -> Outcome:
     store.mode = "slow"  # both are under way at once
     cache = work / "cache"
     out = Outcome("pull: two jobs, one cache", "pull", "two processes pull one URI into one cache at once", attempts=2)
-    env = {**os.environ, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "PYTHONPATH": str(ROOT)}
     try:
-        jobs = [
-            subprocess.Popen(
-                [sys.executable, "-c", PULL, store.url, str(cache)], stdout=subprocess.PIPE, text=True, env=env
-            )
-            for _ in range(2)
-        ]
+        jobs = [start_pull(store.url, cache) for _ in range(2)]
         results = [job.communicate(timeout=120)[0].strip() for job in jobs]
     finally:
         store.close()
@@ -311,9 +315,8 @@ def pull_killed(work: Path) -> Outcome:
     store.mode = "slow"
     cache = work / "cache"
     out = Outcome("pull: job killed mid-download", "pull", "SIGKILL 0.5 s into a slow download, then the job again")
-    env = {**os.environ, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "PYTHONPATH": str(ROOT)}
     try:
-        job = subprocess.Popen([sys.executable, "-c", PULL, store.url, str(cache)], stdout=subprocess.PIPE, env=env)
+        job = start_pull(store.url, cache)
         deadline = time.monotonic() + 60
         while not cache_entries(cache)["staging"] and time.monotonic() < deadline:  # the download began
             time.sleep(0.05)
@@ -353,13 +356,12 @@ except BundleError as exc:
 
 
 def package(src: Path, out_dir: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-c", PACKAGE, str(src), str(out_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=child_env(),
     )
 
 
@@ -469,30 +471,18 @@ def engine_raises(bundle: Path) -> Outcome:
     )
 
 
-@contextlib.contextmanager
-def server_process(bundle: Path, *args: str) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    from bench.serve_load import free_port, wait_ready
+def server_process(bundle: Path) -> contextlib.AbstractContextManager[tuple[int, Any]]:
+    """`ortpack-serve` on `bundle` in its own process (from --server-tree when given): (port, psutil.Process)."""
+    from bench.overload import server
 
-    port = free_port()
     tree = SERVER_TREE or ROOT
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle), "--port", str(port), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-    )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc)
-        yield port, proc
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    return server([sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle)], tree, {"PYTHONPATH": str(tree)})
 
 
 def gone_under_load(bundle: Path) -> Outcome:
     """20 clients each send 200 texts; 10 of them close their connection right after sending."""
     import httpx
+    import psutil
 
     from bench.overload import request_bytes
 
@@ -522,7 +512,7 @@ def gone_under_load(bundle: Path) -> Outcome:
         statuses = [r for r in results[10:] if isinstance(r, int)]
         time.sleep(1.0)
         ready = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code
-        alive = proc.poll() is None
+        alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     out.attempts = 10
     out.answered = sum(1 for s in statuses if s == 200)
     out.lost = 10 - out.answered + int(not alive)

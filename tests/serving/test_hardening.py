@@ -4,6 +4,7 @@ that go away, and the metrics port. Raw sockets, bounded loops, generous upper b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -178,18 +179,24 @@ def test_idle_connection_is_closed(server: tuple[RunningServer, int]) -> None:
     assert time.monotonic() - started < 9
 
 
-def test_connection_limit_answers_503(server: tuple[RunningServer, int]) -> None:
-    s, _ = server
-    port = port_of(s)
+@contextlib.contextmanager
+def at_the_connection_limit(port: int) -> Iterator[None]:
+    """The server's 40 connections (its --max-connections) held open while the block runs."""
     held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
-            status, headers, body = parse(read_to_close(extra, 10))
-        assert status == 503 and headers["retry-after"] == "1"
-        assert "too many connections" in body["error"]["message"]  # type: ignore[index]
+        yield
     finally:
         for sock in held:
             sock.close()
+
+
+def test_connection_limit_answers_503(server: tuple[RunningServer, int]) -> None:
+    s, _ = server
+    port = port_of(s)
+    with at_the_connection_limit(port), socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+        status, headers, body = parse(read_to_close(extra, 10))
+    assert status == 503 and headers["retry-after"] == "1"
+    assert "too many connections" in body["error"]["message"]  # type: ignore[index]
 
 
 # --- answers before the body: the client still writing reads them -------------------------------
@@ -269,19 +276,14 @@ def test_a_refusal_that_closes_lingers_for_the_client_still_writing(server: tupl
     request meanwhile still reads the 503 (the server drops the bytes, then closes)."""
     s, _ = server
     port = port_of(s)
-    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
     body = b"x" * (2 << 20)
     head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
-            time.sleep(0.2)  # the 503 and the FIN are sent before the request is
-            send_slowly(extra, head.encode() + body, pause_after=-1, pause_s=0)
-            status, headers, answer = parse(read_to_close(extra, 10))
-        assert status == 503 and headers["retry-after"] == "1"
-        assert "too many connections" in answer["error"]["message"]  # type: ignore[index]
-    finally:
-        for sock in held:
-            sock.close()
+    with at_the_connection_limit(port), socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+        time.sleep(0.2)  # the 503 and the FIN are sent before the request is
+        send_slowly(extra, head.encode() + body, pause_after=-1, pause_s=0)
+        status, headers, answer = parse(read_to_close(extra, 10))
+    assert status == 503 and headers["retry-after"] == "1"
+    assert "too many connections" in answer["error"]["message"]  # type: ignore[index]
 
 
 # --- clients that go away ---------------------------------------------------------------------
