@@ -136,13 +136,18 @@ EXPECTED_MISSES = {
     "hf:levit": "the tiny random network is chaotic: one-level pixel differences move its fitted 10-class "
     "probabilities by up to 0.078 (top-1 1.000)",
     "timm:mobileone_s0": "top-5 order flips on the random weights (top-1 0.975, max |diff| 0.008)",
-    "regnet_y_1_6gf": "the random network answers a few images up to 96x louder than the median one, and those "
-    "loud images are chaotic: a one-level pixel difference moves their probabilities by up to 0.088 (top-1 "
-    "0.981); box-filter kernels (as the segmenters' fixture) made them 1,600x louder",
-    "resnet152": "the same on the deepest ResNet (loud images 24x the median one): max |diff| 0.043, top-5 0.921, "
-    "top-1 1.000",
     "efficientnet_b7": "top-1 0.875, top-5 0.928, max |diff| 1.0 on one image (0.906 and 0.99 with the mean-fitted "
-    "head): not investigated further (chaotic random weights at 600 px, or an export fault: unknown)",
+    "head): not investigated further (chaotic random weights at 600 px, or an export fault: unknown; the "
+    "residual scaling that calmed RegNetY-1.6GF and ResNet-152 was not tried on it, a 31-minute row)",
+}
+# Rows whose random network is chaotic as built (a one-level pixel difference moves its answer):
+# their residual branches are scaled by RESIDUAL_SCALE before the BatchNorm statistics are
+# estimated (tests.models.make_zoo_weights), as a trained network's are small; measured with a
+# +-1-level noise on every pixel of the 93 validation images (top probability moved, unscaled -> scaled)
+RESIDUAL_SCALE = 0.3
+CALMED = {
+    "regnet_y_1_6gf": "0.999 -> 0.009 (top-1 flipped on 59 of 279 noisy images -> 0)",
+    "resnet152": "0.053 -> 0.013 (top-1 flipped on 203 of 279 noisy images -> 0)",
 }
 ROUTES = {
     "image-classification": "/v1/classify",
@@ -270,7 +275,8 @@ def spread_weights(row: Row, work: Path, photos: Path | None = None) -> Path:
         return make_lite0_segmenter_weights(work / "weights.pt")
     if row.task == "semantic-segmentation":
         return make_segmentation_weights(row.source, work / "weights.pt")
-    return make_zoo_weights(row.source, work / "weights.pt")
+    scale = RESIDUAL_SCALE if row.key in CALMED else 1.0
+    return make_zoo_weights(row.source, work / "weights.pt", residual_scale=scale)
 
 
 def serve_once(bundle: Path, route: str, work: Path) -> dict[str, Any]:
@@ -327,6 +333,8 @@ def build_row(row: Row, work: Path, int8: bool) -> dict[str, Any]:
             calibration, options["validation_images"] = photos.calibration, str(photos.validation)
         if row.zoo != "huggingface":
             options["weights"] = str(spread_weights(row, work, calibration))
+            if row.key in CALMED:
+                record["residual_scale"] = RESIDUAL_SCALE
         spec = ExportSpec(source=source, task=row.task, name="zoo", options=options, opset=row.opset)
         export = export_model(spec, work / "export")
     except Exception as exc:  # noqa: BLE001 - a failed row is a row of the table, not the end of the run
@@ -435,6 +443,9 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
         served = row.get("served", {})
         served_text = f"{served.get('status', '-')} {served.get('answer', '')}" if served else "-"
         builds = "yes" if row["builds"] else f"**no**: {row['expected_miss']}" if "expected_miss" in row else "**no**"
+        if "residual_scale" in row:
+            moved = f": noise moved {CALMED[key]}" if key in CALMED else ""
+            builds += f" (residual branches x{row['residual_scale']} in the random weights{moved})"
         lines.append(
             f"| {row['zoo']} | {key} | {task} | {builds} | {row['preprocessing']} "
             f"| {row['mb']} | {_fmt_gate(variants.get('fp32'))} | {int8_text} | {served_text} | {row['seconds']} |"
