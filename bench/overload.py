@@ -312,12 +312,14 @@ def commands(tree: Path | None) -> list[str]:
     return [sys.executable, "-m", "ortpack.serving"]
 
 
-def measure(label: str, tree: Path | None, bundle: Path, plans: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def measure(
+    label: str, tree: Path | None, bundle: Path, plans: dict[str, dict[str, Any]], max_memory: str = "1G"
+) -> list[dict[str, Any]]:
     cwd = tree or ROOT
     env = {"PYTHONPATH": str(tree)} if tree is not None else {}
-    command = [*commands(tree), "--bundle", str(bundle.resolve()), "--max-memory", "1G"]
-    if tree is not None and not (tree / "serving" / "memory.py").is_file():
-        command = command[:-2]  # the old server has no --max-memory
+    command = [*commands(tree), "--bundle", str(bundle.resolve())]
+    if max_memory and (tree is None or (tree / "serving" / "memory.py").is_file()):  # the old server has none
+        command += ["--max-memory", max_memory]
     results = []
     knee = 0.0
     for name, plan in plans.items():
@@ -375,6 +377,7 @@ def main() -> int:
     parser.add_argument("--compare-with", default="", help="another tree to run first (before a change)")
     parser.add_argument("--loads", default="", help="only the loads whose names contain this (e.g. 'at once')")
     parser.add_argument("--repeat", type=int, default=1, help="run each chosen load this many times")
+    parser.add_argument("--max-memory", default="1G", help="the servers' --max-memory ('': the machine's memory)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overload.json"))
     args = parser.parse_args()
 
@@ -395,9 +398,10 @@ def main() -> int:
         parser.error("--images-only needs --image-bundle")
     for label, tree in trees:
         if not args.images_only:
-            rows += measure(label, tree, bundle, plans)
+            rows += measure(label, tree, bundle, plans, args.max_memory)
         if args.image_bundle:
-            rows += measure(label, tree, Path(args.image_bundle), chosen(image_plans(), args.loads, args.repeat))
+            images = chosen(image_plans(), args.loads, args.repeat)
+            rows += measure(label, tree, Path(args.image_bundle), images, args.max_memory)
     print()
     print(results_table(rows))
     write_results(
