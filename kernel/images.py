@@ -102,7 +102,7 @@ class ImageDecoder:
             orientation = image.getexif().get(_ORIENTATION, 1)
             fast = self._jpeg is not None and not self.reduce_to and image.mode in ("RGB", "L")
             if fast and image.format == "JPEG":
-                pixels = self._jpeg.decode_jpeg(bytes(data), colorspace="RGB")
+                pixels = self._jpeg.decode_jpeg(data, colorspace="RGB")  # any buffer: no copy
                 upright = _UPRIGHT.get(orientation)
                 return np.ascontiguousarray(upright(pixels)) if upright else pixels
             if self.reduce_to and image.format == "JPEG":

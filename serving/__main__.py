@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     timeline = Timeline()
     with timeline.phase("imports"):
         from ortpack.serving.config import ConfigError, parse_config
+        from ortpack.serving.memory import return_large_blocks
+
+    return_large_blocks()  # before anything large is allocated (serving/memory.py)
 
     try:
         config = parse_config(argv)

@@ -8,12 +8,20 @@ before its body is read, and a reservation that does not fit is refused at once 
 Retry-After; the body is never read):
 
 - the budget: `--max-memory` (default: the container's cgroup limit, else the machine's memory),
-  less what the process holds once ready (the model, the runtime), less a margin;
-- a request's reservation: its declared body size times `EXPANSION` (what a JSON body of texts
-  holds until it is answered: the body, its parse, the token arrays), released when it is answered;
-- one request's preparation at a time, reserved once for the largest body
-  (`PREPARING_EXPANSION`): tokenizing needs far more than it keeps, and requests are tokenized one
-  at a time (serving/text.py).
+  less what the process holds once ready (the model, the runtime, both sessions warm), less a
+  margin;
+- a request's reservation: its declared body size times what a body of its form holds until it
+  is answered (`body_expansion`: the body, its parse, the token arrays or the decoded file), then
+  its decoded pixels (`PIXEL_EXPANSION`), released when it is answered;
+- for engines that tokenize, one request's preparation at a time, reserved once for the largest
+  body (`PREPARING_EXPANSION`): tokenizing needs far more than it keeps, and requests are
+  tokenized one at a time (serving/text.py);
+- for engines of images, the model's working memory (`EngineMemory`): ONNX Runtime's arena grows
+  to the most pixels a session has run at once and keeps it, about 22 bytes per pixel for
+  MobileNetV3-small (a 12-megapixel photo: +270 MB per session, kept). A model call that would grow
+  an arena beyond what was measured at warm-up holds the growth for good; one whose growth does
+  not fit waits until no other call runs, then runs alone and gives its memory back
+  (`memory.enable_memory_arena_shrinkage`). Requests are not refused for it.
 
 A body without a Content-Length (chunked) reserves as it arrives, chunk by chunk.
 Linux only for the limits (`/sys/fs/cgroup`, `/proc`); elsewhere the budget is unbounded.
@@ -24,12 +32,24 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # What an admitted request holds per body byte until it is answered: the body, its JSON parse (the
 # texts as Python strings) and the token arrays. Measured with a 2 MB body of 1,024 texts of ~2,000
 # characters (MiniLM's tokenizer, 256 tokens each): 3.1x; 4 leaves a margin.
 EXPANSION = 4.0
+# The same for the bodies of image requests, by form, besides the decoded pixels (held apart,
+# PIXEL_EXPANSION). Measured (bench/memory_factors.py, tracemalloc's peak while one request runs in
+# a real server, bench/results/memory_factors.json): the image's bytes as the body 1.1x, base64 in
+# JSON 3.6x, a v2 UINT8 tensor as JSON numbers 14.6x, as v2 binary data 1.1x; each with a margin.
+# Forms: "raw" (one file as the body), "json", "v2-json", "v2-binary" (a JSON header, then data).
+IMAGE_EXPANSION: Mapping[str, float] = {"raw": 1.5, "json": 4.0, "v2-json": 16.0, "v2-binary": 1.5}
+# Decoded pixels (uint8), held from their decode until the request is answered; the margin is the
+# EXIF rotation's copy. The float copies the graph makes are the engine's (EngineMemory).
+PIXEL_EXPANSION = 1.25
 # What tokenizing a body needs while it runs, per body byte: the tokenizer's encodings (offsets,
 # token strings) and the id lists made of them. Measured on that body: the process grew by 67 MB
 # (32x), and kept it (the allocator reuses it). Requests are tokenized one at a time, so this is
@@ -38,6 +58,39 @@ PREPARING_EXPANSION = 32.0
 MARGIN = 0.1  # of the limit, kept free for what is not a request's (the runtime's arenas, threads)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+# glibc's malloc gives an allocation over its mmap threshold a mapping of its own, returned to the
+# system when freed; but each such free raises the threshold (up to 32 MB), and larger blocks then
+# come from the heap, where freed memory stays with the process. Measured on the image flood below
+# (bench/overload.py, 100 x 4000x3000 JPEGs at once, --max-memory 1G): the process kept ~500 MB
+# after the requests were answered, and peaked at 1,141-1,157 MB; with the threshold fixed at
+# 256 KB, 1,032 MB. Fixed at start (not where MALLOC_MMAP_THRESHOLD_ is set: the operator's choice).
+MMAP_THRESHOLD = 256 << 10
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+
+
+def return_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold so that freed blocks over `threshold` bytes go back to the
+    system; False where this is not glibc or the operator set MALLOC_MMAP_THRESHOLD_."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to fix
+        return False
+
+
+def body_expansion(units: str, form: str) -> float:
+    """Bytes held per body byte by a request to an engine of `units` ("tokens", "pixels") whose
+    body has `form` ("raw", "json", "v2-json", "v2-binary")."""
+    if units == "pixels":
+        return IMAGE_EXPANSION.get(form, EXPANSION)
+    return EXPANSION
 
 
 def parse_bytes(text: str) -> int:
@@ -87,20 +140,22 @@ class MemoryBudget:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_server(cls, max_memory: int | None, max_body_bytes: int) -> MemoryBudget:
+    def for_server(cls, max_memory: int | None, max_body_bytes: int, *, tokenizes: bool = True) -> MemoryBudget:
         """What is left of `max_memory` (default the container's limit, else the machine's) after
-        what the process holds now, the margin and one largest body's preparation."""
+        what the process holds now, the margin and, when the engine tokenizes, one largest body's
+        preparation."""
         limit = max_memory or container_limit() or machine_memory()
         if limit is None:
             return cls(None)
-        preparing = int(max_body_bytes * PREPARING_EXPANSION)
+        preparing = int(max_body_bytes * PREPARING_EXPANSION) if tokenizes else 0
         return cls(max(0, int(limit * (1 - MARGIN)) - resident_bytes() - preparing))
 
-    def reserve(self, n: int) -> bool:
-        """Hold `n` more bytes if they fit (a first reservation always fits an idle budget)."""
+    def reserve(self, n: int, *, strict: bool = False) -> bool:
+        """Hold `n` more bytes if they fit (a first reservation always fits an idle budget, unless
+        `strict`)."""
         with self._lock:
-            if self.limit is not None and self.held + n > self.limit and self.held > 0:
-                self.refused += 1
+            if self.limit is not None and self.held + n > self.limit and (self.held > 0 or strict):
+                self.refused += 0 if strict else 1
                 return False
             self.held += n
             return True
@@ -108,3 +163,105 @@ class MemoryBudget:
     def release(self, n: int) -> None:
         with self._lock:
             self.held = max(0, self.held - n)
+
+    def shrink(self, n: int) -> None:
+        """`n` bytes more are held outside the budget's requests (a session opened after it was
+        measured): the limit shrinks by them."""
+        with self._lock:
+            if self.limit is not None:
+                self.limit = max(0, self.limit - n)
+
+
+class EngineMemory:
+    """The model's working memory in the budget, for engines whose batches vary in size (images).
+
+    ONNX Runtime's arena grows to the most a session has run at once and keeps it. So each
+    session's high-water mark (in the engine's units: pixels) is tracked, starting from what its
+    warm-up ran (already in the resident memory the budget was measured after); a call that would
+    raise it holds `per_unit` bytes per unit of the rise in the budget for good. A rise that does
+    not fit waits until no other call runs on any session, then runs alone with the arena shrunk
+    after it (`run` yields True): its memory is given back, and what the budget holds is never
+    more than its limit for long. Thread-safe: model calls run on worker threads."""
+
+    def __init__(self, budget: MemoryBudget, per_unit: float) -> None:
+        self.budget = budget
+        self.per_unit = per_unit
+        self.high: dict[int, float] = {}  # id(session) -> most units it has run at once
+        self.running: dict[int, float] = {}  # id(session) -> units running on it now
+        self.calls = 0  # model calls running now, on every session
+        self.grown = 0  # bytes held in the budget for arena growth
+        self.shrunk = 0  # calls that ran alone and gave their memory back
+        self._cond = threading.Condition()
+
+    def warmed(self, session: object, units: float) -> None:
+        """`session` has run `units` at once already (its warm-up)."""
+        with self._cond:
+            self.high[id(session)] = max(self.high.get(id(session), 0.0), units)
+
+    @contextmanager
+    def call(self, session: object, units: float) -> Iterator[bool]:
+        """Around one model call of `units` on `session`: yields whether to shrink the arena after it."""
+        key = id(session)
+        with self._cond:
+            while True:
+                at_once = self.running.get(key, 0.0) + units
+                rise = max(0.0, at_once - self.high.get(key, 0.0))
+                growth = int(rise * self.per_unit)
+                if growth == 0 or self.budget.reserve(growth, strict=True):
+                    self.high[key] = max(self.high.get(key, 0.0), at_once)
+                    self.grown += growth
+                    shrink = False
+                    break
+                if self.calls == 0:  # nothing else runs: run alone, give the memory back after
+                    shrink = True
+                    self.shrunk += 1
+                    break
+                self._cond.wait(0.05)  # a call ends, or requests release budget
+            self.running[key] = self.running.get(key, 0.0) + units
+            self.calls += 1
+        try:
+            yield shrink
+        finally:
+            with self._cond:
+                self.running[key] -= units
+                self.calls -= 1
+                self._cond.notify_all()
+
+
+class _ShrinkingSession:
+    """An ONNX Runtime session whose calls give the arena's unused memory back after them."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def run(self, outputs: Any, feeds: Any, run_options: Any = None) -> Any:
+        import onnxruntime as ort
+
+        options = run_options or ort.RunOptions()
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        return self._session.run(outputs, feeds, options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+class MemoryGuardedEngine:
+    """A backend whose model calls go through `EngineMemory` (the batcher's, for images); `cost`
+    gives a payload's units. A backend without a session of its own (a test's stand-in) counts
+    as one."""
+
+    def __init__(self, engine: Any, memory: EngineMemory, cost: Any) -> None:
+        self._engine = engine
+        self.memory = memory
+        self._cost = cost
+
+    def run(self, payloads: Any) -> Any:
+        engine = self._engine
+        session = getattr(engine, "session", engine)
+        with self.memory.call(session, sum(self._cost(p) for p in payloads)) as shrink:
+            if shrink and session is not engine and hasattr(engine, "on"):
+                engine = engine.on(_ShrinkingSession(session))
+            return engine.run(payloads)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)

@@ -38,15 +38,22 @@ from ortpack.serving import context
 from ortpack.serving.batcher import Batcher
 from ortpack.serving.config import ServeConfig
 from ortpack.serving.errors import NotReadyError, OverloadedError
-from ortpack.serving.memory import EXPANSION, MemoryBudget
+from ortpack.serving.memory import (
+    PIXEL_EXPANSION,
+    EngineMemory,
+    MemoryBudget,
+    MemoryGuardedEngine,
+    body_expansion,
+    resident_bytes,
+)
 from ortpack.serving.metrics import Metrics
 from ortpack.serving.startup import Timeline
 from ortpack.serving.tasks import LoadContext, TaskRuntime, get_task
 
 log = logging.getLogger("ortpack.serve")
-# Bytes a request's payloads take at their peak per byte they hold: a decoded image's pixels, then
-# the float copies the graph's preprocessing makes of them (uint8 -> float32 before resizing: 4x)
-PAYLOAD_EXPANSION = 5
+# An image model's working memory per pixel run at once when the warm-up did not measure it
+# (--no-warmup): MobileNetV3-small's arena grew by 270 MB for a 12-megapixel photo (22.5 bytes)
+WORKING_BYTES_PER_PIXEL = 24.0
 
 
 @dataclass
@@ -76,6 +83,10 @@ class ModelService:
     memory: MemoryBudget = field(default_factory=lambda: MemoryBudget(None))  # set at start, once warm
     max_memory: int | None = None  # --max-memory (None: the container's limit)
     cost_per_byte: float = 0.0  # what a body byte has cost the model (its units), smoothed; set at start
+    engine_memory: EngineMemory | None = None  # image engines: the arenas' growth in the budget (set at start)
+    # the warm-up's resident growth (bytes) and the most units it ran at once (set by `warm_up`)
+    warmed: tuple[int, float] | None = None
+    _lone_warmed: float = 0.0  # the most units the lone session's warm-up ran at once
     _lone_thread: threading.Thread | None = None
 
     @functools.cached_property
@@ -84,15 +95,18 @@ class ModelService:
         once, every embeddings answer names it."""
         return embedding_space(self.manifest, self.variant)
 
-    def admit_body(self, size: int) -> None:
-        """Before a request's body of `size` bytes (0: unknown yet) is read: refuse it at once (429)
-        when no request could finish in the time it has left, or when what it will hold does not
-        fit the memory budget; else hold that memory until it is answered."""
+    def admit_body(self, size: int, form: str = "json") -> float:
+        """Before a request's body of `size` bytes (0: unknown yet) and `form` (serving/http.py
+        `body_form`) is read: refuse it at once (429) when no request could finish in the time it
+        has left, or when what it will hold does not fit the memory budget; else hold that memory
+        until it is answered. Returns what it holds per body byte (for a body of unknown size)."""
         ctx = context.current()
         # what bodies cost per byte so far (an estimate: a body's texts may be cut to --max-tokens)
         budget = ctx.remaining() if ctx is not None else self.timeout_s
         self.batcher.precheck(budget, size * self.cost_per_byte, id(ctx) if ctx is not None else None)
-        self.hold(int(size * EXPANSION), "its body")
+        expansion = body_expansion(self.engine.units, form)
+        self.hold(int(size * expansion), "its body")
+        return expansion
 
     def hold(self, size: int, what: str) -> None:
         """Hold `size` more bytes of the memory budget for the current request (429 beyond it)."""
@@ -118,8 +132,8 @@ class ModelService:
         """Queue one request's items and wait for their outputs (in order)."""
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
-        # decoded images are larger than their files: their pixels, and the float copies the graph makes
-        self.hold(sum(getattr(p, "nbytes", 0) for p in payloads) * PAYLOAD_EXPANSION, "its decoded inputs")
+        # decoded images are larger than their files (the graph's float copies are the engine's: EngineMemory)
+        self.hold(int(sum(getattr(p, "nbytes", 0) for p in payloads) * PIXEL_EXPANSION), "its decoded inputs")
         ctx = context.current()
         if ctx is not None and ctx.body_bytes:  # what a body byte costs the model, for `admit_body`
             cost = sum(self.batcher.item_cost(p, b) for p, b in zip(payloads, buckets, strict=True))
@@ -137,7 +151,7 @@ class ModelService:
         spread over `threads` (the server's model workers: the cores are otherwise idle during
         start-up). Returns (batches, seconds)."""
         batches = self.engine.warm_up_batches(min(max_batch_size, self.batcher.max_batch_size))
-        started = time.perf_counter()
+        started, resident = time.perf_counter(), resident_bytes()
 
         def timed(batch: list[Any]) -> None:
             began = time.perf_counter()
@@ -149,6 +163,9 @@ class ModelService:
 
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-warmup") as pool:
             list(pool.map(timed, batches))
+        # the session ran up to the `threads` largest batches at once: what its arena now holds
+        units = sorted((sum(self.engine.cost(p) for p in batch) for batch in batches), reverse=True)
+        self.warmed = (max(0, resident_bytes() - resident), sum(units[:threads]))
         return len(batches), time.perf_counter() - started
 
     def open_lone(self, max_batch_size: int, warmup: bool = True) -> None:
@@ -157,11 +174,20 @@ class ModelService:
         batch that runs alone runs on a worker session, as under load."""
         if self.lone_opener is None:
             return
-        started = time.perf_counter()
+        started, resident, held = time.perf_counter(), resident_bytes(), self.memory.held
         lone, self.lone_opener = self.lone_opener(), None
+        largest = 0.0
         if warmup:
             for batch in self.engine.warm_up_batches(min(max_batch_size, self.batcher.max_batch_size)):
                 lone.run(batch)
+                largest = max(largest, sum(self.engine.cost(p) for p in batch))
+        # opened after the budget was measured: what it holds leaves the budget (requests may have
+        # grown the process meanwhile: less what they reserved)
+        self.memory.shrink(max(0, resident_bytes() - resident - (self.memory.held - held)))
+        self._lone_warmed = largest
+        if self.engine_memory is not None:
+            self.engine_memory.warmed(lone.session, largest)
+            lone = MemoryGuardedEngine(lone, self.engine_memory, self.engine.cost)
         self.batcher.lone_backend = lone
         log.info("lone session: opened and warmed up in %.2f s, after ready", time.perf_counter() - started)
 
@@ -189,7 +215,21 @@ class ModelService:
         if thread is not None:
             await asyncio.to_thread(thread.join)
         # what is left once the model is loaded and warm
-        self.memory = MemoryBudget.for_server(self.max_memory, config.max_body_bytes)
+        tokenizes = self.engine.units == "tokens"
+        self.memory = MemoryBudget.for_server(self.max_memory, config.max_body_bytes, tokenizes=tokenizes)
+        if self.engine.units == "pixels":
+            grown, units = self.warmed or (0, 0.0)
+            per_pixel = grown / units if grown and units else WORKING_BYTES_PER_PIXEL
+            self.engine_memory = EngineMemory(self.memory, per_pixel)
+            memory = self.engine_memory
+            memory.warmed(getattr(self.batcher.backend, "session", self.batcher.backend), units)
+            self.batcher.backend = MemoryGuardedEngine(self.batcher.backend, memory, self.engine.cost)
+            lone = self.batcher.lone_backend
+            if lone is not None:  # opened before start (tests): its warm-up is in the budget already
+                memory.warmed(getattr(lone, "session", lone), self._lone_warmed)
+                self.batcher.lone_backend = MemoryGuardedEngine(lone, memory, self.engine.cost)
+            how = "measured at warm-up" if grown and units else "not measured: the default"
+            log.info("image working memory: %.1f bytes per pixel run at once (%s)", per_pixel, how)
         self.cost_per_byte = self.cost_per_byte or self.engine.cost_per_byte
         self.ready = True
         self.metrics.ready.set(1)

@@ -20,7 +20,16 @@ import pytest
 from ortpack.serving.admission import SERVED_BATCHES, WARMUP_MARGIN, BatchTimes, Planned, admit
 from ortpack.serving.batcher import Batcher
 from ortpack.serving.errors import DeadlineExceededError, OverloadedError
-from ortpack.serving.memory import MARGIN, PREPARING_EXPANSION, MemoryBudget, parse_bytes, resident_bytes
+from ortpack.serving.memory import (
+    MARGIN,
+    PREPARING_EXPANSION,
+    EngineMemory,
+    MemoryBudget,
+    MemoryGuardedEngine,
+    body_expansion,
+    parse_bytes,
+    resident_bytes,
+)
 from tests.fakes import SlowBackend, in_process
 from tests.servers import free_port
 
@@ -149,6 +158,89 @@ def test_memory_sizes_and_limits() -> None:
     assert server.limit is not None
     expected = int((4 << 30) * (1 - MARGIN)) - (4 << 20) * PREPARING_EXPANSION
     assert expected - held - (64 << 20) < server.limit <= expected - held + (64 << 20)
+
+
+def test_an_image_request_reserves_what_its_form_holds_and_no_tokenizing() -> None:
+    """Measured per form (bench/memory_factors.py): an image's bytes hold far less than base64 in
+    JSON or a v2 tensor of JSON numbers; a text body what texts hold. Image servers set nothing
+    aside for tokenizing."""
+    assert body_expansion("pixels", "raw") < body_expansion("pixels", "json") < body_expansion("pixels", "v2-json")
+    assert body_expansion("pixels", "v2-binary") < body_expansion("pixels", "json")
+    assert body_expansion("tokens", "raw") == body_expansion("tokens", "json")  # texts are texts
+    with_tokenizing = MemoryBudget.for_server(4 << 30, 4 << 20)
+    without = MemoryBudget.for_server(4 << 30, 4 << 20, tokenizes=False)
+    assert with_tokenizing.limit is not None and without.limit is not None
+    assert without.limit - with_tokenizing.limit > 0.9 * (4 << 20) * PREPARING_EXPANSION
+
+
+def test_the_engines_working_memory_is_held_as_its_arena_keeps_it() -> None:
+    """A model call that runs more pixels at once than the session has held reserves the rise for
+    good (ONNX Runtime's arena keeps it); a call within it reserves nothing; a rise that does not
+    fit waits for the other calls, then runs alone and is told to give its memory back."""
+    budget = MemoryBudget(1000)
+    memory = EngineMemory(budget, per_unit=2.0)
+    session, other = object(), object()
+    memory.warmed(session, 100)
+    with memory.call(session, 100) as shrink:  # what the warm-up ran: nothing to add
+        assert not shrink and budget.held == 0
+    with memory.call(session, 300) as shrink:  # 200 more pixels: 400 bytes, for good
+        assert not shrink and budget.held == 400
+        with memory.call(session, 100) as shrink_too:  # 400 at once: 100 more, 200 bytes
+            assert not shrink_too and budget.held == 600
+    assert budget.held == 600 and memory.high[id(session)] == 400
+    assert budget.reserve(300)  # requests hold most of what is left
+    order: list[str] = []
+    ran = threading.Event()
+
+    def big() -> None:  # 300 more pixels on another session: 600 bytes do not fit
+        with memory.call(other, 300) as shrink:
+            order.append(f"big shrink={shrink}")
+            ran.set()
+
+    with memory.call(session, 400):  # within the session's mark: runs at once
+        thread = threading.Thread(target=big)
+        thread.start()
+        assert not ran.wait(0.3)  # it waits while another call runs
+        order.append("small done")
+    thread.join(5)
+    assert order == ["small done", "big shrink=True"] and memory.shrunk == 1
+    assert budget.held == 900  # nothing held for the call that gave its memory back
+
+
+def test_a_guarded_engine_runs_a_call_that_does_not_fit_with_the_arena_shrunk_after() -> None:
+    """The shrinking run is a real ONNX Runtime call with `memory.enable_memory_arena_shrinkage`:
+    its outputs equal the plain call's."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["images"], ["floats"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceMean", ["floats"], ["mean"], keepdims=0)],
+        "mean", [helper.make_tensor_value_info("images", TensorProto.UINT8, ["batch", "h", "w", 3])],
+        [helper.make_tensor_value_info("mean", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    onnx.checker.check_model(model)
+
+    class Engine:
+        def __init__(self, session: Any) -> None:
+            self.session = session
+
+        def on(self, session: Any) -> Any:
+            return Engine(session)
+
+        def run(self, payloads: list[Any]) -> list[float]:
+            return [float(self.session.run(None, {"images": np.stack(payloads)})[0])]
+
+    budget = MemoryBudget(10)
+    memory = EngineMemory(budget, per_unit=1.0)
+    engine = MemoryGuardedEngine(Engine(session), memory, cost=lambda image: image.shape[0] * image.shape[1])
+    image = np.arange(64 * 48 * 3, dtype=np.uint8).reshape(64, 48, 3)
+    assert engine.run([image]) == [pytest.approx(float(image.astype(np.float64).mean()), rel=1e-5)]
+    assert memory.shrunk == 1 and budget.held == 0  # 3,072 pixels do not fit 10 bytes: run alone, given back
 
 
 @pytest.mark.parametrize(
