@@ -244,11 +244,12 @@ def main() -> int:
     if args.model == "mobilenet_v3_small":
         ensure_bundle(bundle, weights)
     manifest = json.loads((bundle / "manifest.json").read_text())
+    preprocessing = manifest["task_settings"]["preprocessing"]
     naive_env = {
         "NAIVE_WEIGHTS": str(weights),
         "NAIVE_IMAGE_MODEL": args.model,
         "NAIVE_PREPROCESSING": json.dumps(
-            {k: manifest["preprocessing"][k] for k in ("resize_size", "crop_size", "interpolation", "mean", "std")}
+            {k: preprocessing[k] for k in ("resize_size", "crop_size", "interpolation", "mean", "std")}
         ),
     }
     jpeg = make_jpeg()
@@ -259,7 +260,7 @@ def main() -> int:
         "cpu_count": os.cpu_count(),
         "model": args.model,
         "bundle": str(bundle),
-        "decode": manifest["preprocessing"].get("decode", "exact"),
+        "decode": preprocessing.get("decode", "exact"),
         "jpeg": {"width": WIDTH, "height": HEIGHT, "bytes": len(jpeg), "body_bytes": len(body)},
         "servers": [],
     }

@@ -62,18 +62,24 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 # glibc's malloc gives an allocation over its mmap threshold a mapping of its own, returned to the
 # system when freed; but each such free raises the threshold (up to 32 MB), and larger blocks then
-# come from the heap, where freed memory stays with the process. Measured on the image flood below
-# (bench/overload.py, 100 x 4000x3000 JPEGs at once, --max-memory 1G): the process kept ~500 MB
-# after the requests were answered, and peaked at 1,141-1,157 MB; with the threshold fixed at
-# 256 KB, 1,032 MB. Fixed at start (not where MALLOC_MMAP_THRESHOLD_ is set: the operator's choice).
-MMAP_THRESHOLD = 256 << 10
+# come from the heap, where freed memory stays with the process. Fixing the threshold at 256 KB
+# (ORTPACK_MMAP_THRESHOLD=262144) took the image flood's peak (bench/overload.py, 100 x 4000x3000
+# JPEGs at once, --max-memory 1G) from 1,141-1,157 MB to 1,000-1,073 MB, but cost 23 % of the
+# image-embedding throughput (74-77 against 98 requests/s at c=50; 1 MB: 88, 4 MB: 91): every
+# request's pixels then get a fresh mapping, zeroed page by page. So glibc is left alone unless the
+# operator asks; large bodies get mappings of their own instead (serving/http.py `read_body`).
+MMAP_THRESHOLD = 0
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 
 
-def return_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold so that freed blocks over `threshold` bytes go back to the
-    system; False where this is not glibc or the operator set MALLOC_MMAP_THRESHOLD_."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
+def return_large_blocks(threshold: int | None = None) -> bool:
+    """Fix glibc's mmap threshold so that freed blocks over `threshold` bytes (default
+    ORTPACK_MMAP_THRESHOLD, else MMAP_THRESHOLD; 0: leave glibc's own) go back to the system;
+    False where this is not glibc or the operator set MALLOC_MMAP_THRESHOLD_."""
+    if threshold is None:
+        setting = os.environ.get("ORTPACK_MMAP_THRESHOLD", "")
+        threshold = int(setting) if setting.isdigit() else MMAP_THRESHOLD
+    if threshold <= 0 or os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
         return False
     import ctypes
     import ctypes.util

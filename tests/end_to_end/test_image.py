@@ -372,6 +372,31 @@ def test_classify_raw_png_webp_and_jpeg(image_server: RunningServer, image_bundl
     assert len(jpeg["predictions"]) == 5 and jpeg["predictions"][0]["label"]
 
 
+def test_large_bodies_read_into_their_own_mapping_answer_as_small_ones(
+    image_server: RunningServer, image_bundle: Path
+) -> None:
+    """Bodies of 1 MB or more are read into an anonymous mapping (serving/http.py `read_body`), a
+    chunked body of unknown size into a growing buffer: raw PNG bytes, base64 JSON and a chunked
+    upload of one noisy photo all answer what the graph gives for its pixels."""
+    from ortpack.serving.http import MAPPED_BODY_BYTES
+
+    image = render_image(ImageSpec(900, 1000, "noisy", 7))
+    png = encode(image, "PNG")
+    assert len(png) > MAPPED_BODY_BYTES
+    top = int(np.argmax(direct(image_bundle, image)))
+    raw = httpx.post(f"{image_server.url}/v1/classify", content=png, headers={"Content-Type": "image/png"})
+    blob = base64.b64encode(png).decode()
+    as_json = httpx.post(f"{image_server.url}/v1/classify/json", json={"image": blob}, timeout=60)
+    chunked = httpx.post(
+        f"{image_server.url}/v1/classify",
+        content=(png[i : i + 65536] for i in range(0, len(png), 65536)),  # no Content-Length
+        headers={"Content-Type": "image/png"},
+    )
+    for answer in (raw, as_json, chunked):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["predictions"][0]["index"] == top
+
+
 def test_classify_base64_json_and_batches(image_server: RunningServer, image_bundle: Path) -> None:
     images = [render_image(ImageSpec(h, w, "smooth", i)) for i, (h, w) in enumerate([(200, 300), (200, 300), (90, 60)])]
     blobs = [base64.b64encode(encode(im, "PNG")).decode() for im in images]
