@@ -42,6 +42,7 @@ from bench.serve_load import (  # noqa: E402
     table,
     write_results,
 )
+from bench.serve_offline import image_bound  # noqa: E402
 from ortpack.kernel.hardware import this_machine  # noqa: E402
 
 CONCURRENCY = (1, 8)
@@ -136,6 +137,8 @@ def main() -> int:
             command += ["--log-level", "warning", "--variant", variant]
             print(f"ortpack --variant {variant}", flush=True)
             results["servers"].append(bench(f"ortpack {variant}", command, {}, port, path, args.seconds))
+    print("bounds: decode + graph, no HTTP, 2 callers x 1 thread", flush=True)
+    results["bounds"] = {v: image_bound(bundle, v, {"jpeg": jpeg})["jpeg"] for v in ("auto", *variants)}
     naive = as_item(results["servers"][0]["answer"])
     for server in results["servers"]:
         server["agreement"] = detection_metrics([naive], [as_item(server["answer"])], 0.25)
@@ -157,9 +160,16 @@ def report(results: dict[str, Any], seconds: float) -> None:
     def speed(server: str, concurrency: int) -> float:
         return float(runs[(server, concurrency)]["requests_per_s"])
 
-    ratios = [["server", "detections", "F1 vs naive", "box diff px", *(f"req/s vs naive c={c}" for c in CONCURRENCY)]]
+    top = CONCURRENCY[-1]
+    ratios = [
+        [
+            "server", "detections", "F1 vs naive", "box diff px", *(f"req/s vs naive c={c}" for c in CONCURRENCY),
+            "bound img/s", f"c={top} of bound",
+        ]
+    ]  # fmt: skip
     for server in results["servers"]:
         agreement = server["agreement"]
+        bound = results["bounds"].get(server["server"].removeprefix("ortpack "))
         ratios.append(
             [
                 server["server"],
@@ -167,6 +177,8 @@ def report(results: dict[str, Any], seconds: float) -> None:
                 f"{agreement['matched_f1']:.3f}",
                 f"{agreement['max_box_diff_px']:.2f}",
                 *(f"{speed(server['server'], c) / speed('naive pytorch', c):.2f}x" for c in CONCURRENCY),
+                f"{bound:.1f}" if bound else "-",
+                f"{speed(server['server'], top) / bound:.0%}" if bound else "-",
             ]
         )
     results["ratios"] = ratios

@@ -42,6 +42,7 @@ from bench.serve_load import (  # noqa: E402
     table,
     write_results,
 )
+from bench.serve_offline import image_bound  # noqa: E402
 from ortpack.kernel.hardware import this_machine  # noqa: E402
 
 CONCURRENCY = (1, 50)
@@ -139,6 +140,9 @@ def main() -> int:
             command += ["--log-level", "warning", "--variant", variant]
             print(f"ortpack --variant {variant}", flush=True)
             results["servers"].append(bench(f"ortpack {variant}", command, {}, port, files, args.seconds, raw=True))
+    print("bounds: decode + graph, no HTTP, 2 callers x 1 thread", flush=True)
+    variants = ("auto", *results["variants"])
+    results["bounds"] = {v: image_bound(bundle, v, {"jpeg": jpeg})["jpeg"] for v in variants}
     naive = np.array(results["servers"][0]["vector"])
     for server in results["servers"]:
         vector = np.array(server.pop("vector"))
@@ -160,9 +164,17 @@ def report(results: dict[str, Any], seconds: float) -> None:
     def speed(server: str, workload: str, concurrency: int) -> float:
         return float(runs[(server, workload, concurrency)]["requests_per_s"])
 
-    ratios = [["server", "cosine vs naive", *(f"base64 c={c} vs naive" for c in CONCURRENCY)]]
+    top = CONCURRENCY[-1]
+    ratios = [
+        [
+            "server", "cosine vs naive", *(f"base64 c={c} vs naive" for c in CONCURRENCY), "bound img/s",
+            f"base64 c={top} of bound", f"raw c={top} of bound",
+        ]
+    ]  # fmt: skip
     for server in results["servers"]:
         name = server["server"]
+        bound = results["bounds"].get(name.removeprefix("ortpack "))
+        raw = runs.get((name, "raw bytes", top))
         ratios.append(
             [
                 name,
@@ -171,6 +183,9 @@ def report(results: dict[str, Any], seconds: float) -> None:
                     f"{speed(name, 'base64 JSON', c) / speed('naive pytorch', 'base64 JSON', c):.2f}x"
                     for c in CONCURRENCY
                 ),
+                f"{bound:.1f}" if bound else "-",
+                f"{speed(name, 'base64 JSON', top) / bound:.0%}" if bound else "-",
+                f"{float(raw['requests_per_s']) / bound:.0%}" if bound and raw else "-",
             ]
         )
     results["ratios"] = ratios

@@ -90,6 +90,44 @@ def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str,
     return out
 
 
+def image_bound(bundle: Path, variant: str, files: dict[str, bytes], seconds: float = 4.0) -> dict[str, float]:
+    """An image task's bound for each encoded file in `files`: the served variant's own engine
+    (its decoder, in the decode mode the server picks, and its graph) called directly, no HTTP, no
+    queue, two callers x one thread at batch 1; images per second. For a base64 JSON workload
+    the base64 decode is the server's work too: give the file's bytes, the bound then leaves the
+    JSON and base64 out (the served share measures them with the rest)."""
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import load_service
+
+    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
+    engine = service.engine
+    out = {}
+    for name, data in files.items():
+        for _ in range(5):
+            engine.run([engine.decoder.decode(data)])
+        done = [0]
+        lock = threading.Lock()
+        deadline = time.perf_counter() + seconds
+
+        def work(
+            data: bytes = data, deadline: float = deadline, lock: threading.Lock = lock, done: list[int] = done
+        ) -> None:
+            while time.perf_counter() < deadline:
+                engine.run([engine.decoder.decode(data)])
+                with lock:
+                    done[0] += 1
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out[name] = done[0] / (time.perf_counter() - t0)
+    return out
+
+
 def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, float]:
     """Microseconds of CPU per single-sentence request in each layer of ortpack's server."""
     import numpy as np
