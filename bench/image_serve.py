@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -47,6 +46,7 @@ from bench.serve_load import (  # noqa: E402
     table,
     write_results,
 )
+from bench.serve_offline import per_second  # noqa: E402
 from ortpack.components.core.timing import LoadWatch  # noqa: E402
 from ortpack.kernel.hardware import this_machine  # noqa: E402
 
@@ -204,24 +204,12 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
 
 def offline_bound(decoder: Any, session: Any, jpeg: bytes, seconds: float = 4.0) -> float:
     """Images per second: decode + graph at batch 1 on two threads, nothing else."""
-    done = [0]
-    lock = threading.Lock()
-    deadline = time.perf_counter() + seconds
 
-    def work() -> None:
-        while time.perf_counter() < deadline:
-            image = decoder.decode(jpeg)
-            session.run(None, {"images": image[None]})
-            with lock:
-                done[0] += 1
+    def step(caller: int, i: int) -> int:
+        session.run(None, {"images": decoder.decode(jpeg)[None]})
+        return 1
 
-    threads = [threading.Thread(target=work) for _ in range(2)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done[0] / (time.perf_counter() - t0)
+    return per_second(step, seconds)
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,30 @@ def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, f
     return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
 
 
+def per_second(step: Callable[[int, int], int], seconds: float, callers: int = 2) -> float:
+    """Items per second when `callers` threads each call `step(caller, i)` (its i-th call, which
+    returns the items it did) in a loop for `seconds`: the bound of a server's model workers."""
+    done = [0]
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def work(caller: int) -> None:
+        i = 0
+        while time.perf_counter() < deadline:
+            items = step(caller, i)
+            i += 1
+            with lock:
+                done[0] += items
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(callers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0] / (time.perf_counter() - t0)
+
+
 def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str, float]:
     """The served variant called directly (no HTTP, no queue): two callers x one thread, the
     configuration the server runs under load, at batch 1 and 8; sentences per second."""
@@ -61,32 +86,13 @@ def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str,
         groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
         for g in groups[:20]:
             service.engine.run(g)
-        done = [0]
-        lock = threading.Lock()
-        deadline = time.perf_counter() + seconds
 
-        def work(
-            k: int,
-            groups: list[Any] = groups,
-            batch: int = batch,
-            deadline: float = deadline,
-            lock: threading.Lock = lock,
-            done: list[int] = done,
-        ) -> None:
-            i = k
-            while time.perf_counter() < deadline:
-                service.engine.run(groups[i % len(groups)])
-                i += 2
-                with lock:
-                    done[0] += batch
+        def step(caller: int, i: int, groups: list[Any] = groups) -> int:
+            group = groups[(caller + 2 * i) % len(groups)]  # the callers take alternate groups
+            service.engine.run(group)
+            return len(group)
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        out[f"batch_{batch}"] = done[0] / (time.perf_counter() - t0)
+        out[f"batch_{batch}"] = per_second(step, seconds)
     return out
 
 
@@ -100,31 +106,17 @@ def image_bound(bundle: Path, variant: str, files: dict[str, bytes], seconds: fl
     from ortpack.serving.metrics import Metrics
     from ortpack.serving.service import load_service
 
-    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
-    engine = service.engine
+    engine = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics()).engine
     out = {}
     for name, data in files.items():
         for _ in range(5):
             engine.run([engine.decoder.decode(data)])
-        done = [0]
-        lock = threading.Lock()
-        deadline = time.perf_counter() + seconds
 
-        def work(
-            data: bytes = data, deadline: float = deadline, lock: threading.Lock = lock, done: list[int] = done
-        ) -> None:
-            while time.perf_counter() < deadline:
-                engine.run([engine.decoder.decode(data)])
-                with lock:
-                    done[0] += 1
+        def step(caller: int, i: int, data: bytes = data) -> int:
+            engine.run([engine.decoder.decode(data)])
+            return 1
 
-        threads = [threading.Thread(target=work) for _ in range(2)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        out[name] = done[0] / (time.perf_counter() - t0)
+        out[name] = per_second(step, seconds)
     return out
 
 
