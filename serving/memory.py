@@ -161,7 +161,8 @@ class MemoryBudget:
         `strict`)."""
         with self._lock:
             if self.limit is not None and self.held + n > self.limit and (self.held > 0 or strict):
-                self.refused += 0 if strict else 1
+                if not strict:  # a request refused (strict reservations are the engine's: they wait)
+                    self.refused += 1
                 return False
             self.held += n
             return True
@@ -253,17 +254,18 @@ class _ShrinkingSession:
 
 class MemoryGuardedEngine:
     """A backend whose model calls go through `EngineMemory` (the batcher's, for images); `cost`
-    gives a payload's units. A backend without a session of its own (a test's stand-in) counts
-    as one."""
+    gives a payload's units, `warmed` the most units its session's warm-up ran at once. A backend
+    without a session of its own (a test's stand-in) counts as one."""
 
-    def __init__(self, engine: Any, memory: EngineMemory, cost: Any) -> None:
+    def __init__(self, engine: Any, memory: EngineMemory, cost: Any, warmed: float) -> None:
         self._engine = engine
+        self._session = getattr(engine, "session", engine)
         self.memory = memory
         self._cost = cost
+        memory.warmed(self._session, warmed)
 
     def run(self, payloads: Any) -> Any:
-        engine = self._engine
-        session = getattr(engine, "session", engine)
+        engine, session = self._engine, self._session
         with self.memory.call(session, sum(self._cost(p) for p in payloads)) as shrink:
             if shrink and session is not engine and hasattr(engine, "on"):
                 engine = engine.on(_ShrinkingSession(session))

@@ -186,8 +186,7 @@ class ModelService:
         self.memory.shrink(max(0, resident_bytes() - resident - (self.memory.held - held)))
         self._lone_warmed = largest
         if self.engine_memory is not None:
-            self.engine_memory.warmed(lone.session, largest)
-            lone = MemoryGuardedEngine(lone, self.engine_memory, self.engine.cost)
+            lone = MemoryGuardedEngine(lone, self.engine_memory, self.engine.cost, largest)
         self.batcher.lone_backend = lone
         log.info("lone session: opened and warmed up in %.2f s, after ready", time.perf_counter() - started)
 
@@ -220,14 +219,11 @@ class ModelService:
         if self.engine.units == "pixels":
             grown, units = self.warmed or (0, 0.0)
             per_pixel = grown / units if grown and units else WORKING_BYTES_PER_PIXEL
-            self.engine_memory = EngineMemory(self.memory, per_pixel)
-            memory = self.engine_memory
-            memory.warmed(getattr(self.batcher.backend, "session", self.batcher.backend), units)
-            self.batcher.backend = MemoryGuardedEngine(self.batcher.backend, memory, self.engine.cost)
+            memory = self.engine_memory = EngineMemory(self.memory, per_pixel)
+            self.batcher.backend = MemoryGuardedEngine(self.batcher.backend, memory, self.engine.cost, units)
             lone = self.batcher.lone_backend
             if lone is not None:  # opened before start (tests): its warm-up is in the budget already
-                memory.warmed(getattr(lone, "session", lone), self._lone_warmed)
-                self.batcher.lone_backend = MemoryGuardedEngine(lone, memory, self.engine.cost)
+                self.batcher.lone_backend = MemoryGuardedEngine(lone, memory, self.engine.cost, self._lone_warmed)
             how = "measured at warm-up" if grown and units else "not measured: the default"
             log.info("image working memory: %.1f bytes per pixel run at once (%s)", per_pixel, how)
         self.cost_per_byte = self.cost_per_byte or self.engine.cost_per_byte

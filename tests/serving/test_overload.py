@@ -237,7 +237,7 @@ def test_a_guarded_engine_runs_a_call_that_does_not_fit_with_the_arena_shrunk_af
 
     budget = MemoryBudget(10)
     memory = EngineMemory(budget, per_unit=1.0)
-    engine = MemoryGuardedEngine(Engine(session), memory, cost=lambda image: image.shape[0] * image.shape[1])
+    engine = MemoryGuardedEngine(Engine(session), memory, lambda image: image.shape[0] * image.shape[1], warmed=0)
     image = np.arange(64 * 48 * 3, dtype=np.uint8).reshape(64, 48, 3)
     assert engine.run([image]) == [pytest.approx(float(image.astype(np.float64).mean()), rel=1e-5)]
     assert memory.shrunk == 1 and budget.held == 0  # 3,072 pixels do not fit 10 bytes: run alone, given back
