@@ -48,7 +48,7 @@ class ServeConfig:
     max_text_chars: int = 0  # default: 100 x max_tokens
     truncate: bool = True
     max_image_pixels: int = 40_000_000
-    max_batch_pixels: int = 4_000_000
+    max_batch_pixels: int = 0  # default: one image per model call on the CPU, 4 MP on a GPU (engine_options)
     decode: str = "auto"  # image bundles: auto (the bundle's validated default), exact or reduced
     buckets: tuple[int, ...] = ()  # default: ortpack.serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
     workers: int = 0  # model threads running ORT at once; default: the cores available
@@ -91,7 +91,7 @@ class ServeConfig:
             (self.max_tokens >= 0, f"--max-tokens must be >= 0, got {self.max_tokens}"),
             (self.max_text_chars >= 0, f"--max-text-chars must be >= 0, got {self.max_text_chars}"),
             (self.max_image_pixels >= 1024, f"--max-image-pixels must be >= 1024, got {self.max_image_pixels}"),
-            (self.max_batch_pixels >= 1, f"--max-batch-pixels must be >= 1, got {self.max_batch_pixels}"),
+            (self.max_batch_pixels >= 0, f"--max-batch-pixels must be >= 0, got {self.max_batch_pixels}"),
             (self.workers >= 0, f"--workers must be >= 0, got {self.workers}"),
             (self.intra_op_threads >= 0, f"--intra-op-threads must be >= 0, got {self.intra_op_threads}"),
             (self.lone_threads >= 0, f"--lone-threads must be >= 0, got {self.lone_threads}"),
@@ -192,7 +192,10 @@ _HELP = {
     "refused with 413 without it",
     "truncate": "truncate texts longer than --max-tokens (true) or answer 413 (false)",
     "max_image_pixels": "image bundles: largest image in pixels (checked from the header before decoding; 413)",
-    "max_batch_pixels": "image bundles: most pixels in one model call (a batch always holds one image)",
+    "max_batch_pixels": (
+        "image bundles: most pixels in one model call (a batch always holds one image); "
+        "default 0: one image per call on the CPU, 4 MP on a GPU"
+    ),
     "decode": "image bundles: how JPEGs are decoded. auto: the bundle's validated default; exact: the full "
     "decode the reference used; reduced: the smallest DCT scale the parity gate validated (refused at start when "
     "the gate did not validate it)",

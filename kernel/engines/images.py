@@ -43,8 +43,11 @@ class ImageEngine:
             preprocessing, ctx.variant, options.decode, options.max_image_pixels, ctx.name, log.warning
         )
         self.max_batch_cost = float(options.max_batch_pixels or math.inf)
-        limit = f", at most {options.max_batch_pixels / 1e6:g} MP per batch" if options.max_batch_pixels else ""
-        self.batching = f"images decoded {self.decode}, batched by size{limit}"
+        if options.max_batch_pixels == 1:  # below any image: every batch holds one (a CPU server's default)
+            self.batching = f"images decoded {self.decode}, one per model call"
+        else:
+            limit = f", at most {options.max_batch_pixels / 1e6:g} MP per batch" if options.max_batch_pixels else ""
+            self.batching = f"images decoded {self.decode}, batched by size{limit}"
 
     def feeds(self, payloads: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         images = np.ascontiguousarray(payloads[0])[None] if len(payloads) == 1 else np.stack(payloads)

@@ -3,6 +3,7 @@ bundle, and serving raw images (tiny random MobileNetV3 made non-degenerate; not
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -546,27 +547,29 @@ def test_bad_images_get_4xx_in_one_shape(
     assert set(error) == {"message", "type", "code"} and fragment in error["message"]
 
 
-def test_concurrent_images_of_mixed_sizes(image_server: RunningServer, image_bundle: Path) -> None:
-    """Images are batched by size; every answer is its own image's, whatever it was batched with."""
-    import asyncio
-
+def test_concurrent_images_of_mixed_sizes(image_server: RunningServer, image_bundle: Path, tmp_path: Path) -> None:
+    """On the CPU each image is its own model call by default; with --max-batch-pixels images are
+    batched by size, and every answer is its own image's, whatever it was batched with."""
+    assert "one per model call" in image_server.output()
     images = [render_image(ImageSpec(*[(120, 160), (160, 120), (99, 99)][i % 3], "smooth", i)) for i in range(30)]
-
-    async def fire() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=image_server.url, timeout=60) as client:
-            return await asyncio.gather(
-                *(
-                    client.post(
-                        "/v1/classify?top_k=1", content=encode(im, "PNG"), headers={"Content-Type": "image/png"}
-                    )
-                    for im in images
-                )
-            )
-
-    for answer, image in zip(asyncio.run(fire()), images, strict=True):
+    with running_server(image_bundle, "--max-batch-pixels", "4000000", log_dir=tmp_path) as batching:
+        assert "batched by size, at most 4 MP per batch" in batching.output()
+        answers = asyncio.run(fire(batching.url, images))
+    for answer, image in zip(answers, images, strict=True):
         top = answer.json()["predictions"][0]
         expected = direct(image_bundle, image)
         assert top["index"] == int(np.argmax(expected)) and abs(top["probability"] - float(expected.max())) < 1e-5
+
+
+async def fire(url: str, images: list[np.ndarray]) -> list[httpx.Response]:
+    """Every image posted at once (PNG bytes to /v1/classify)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        return await asyncio.gather(
+            *(
+                client.post("/v1/classify?top_k=1", content=encode(im, "PNG"), headers={"Content-Type": "image/png"})
+                for im in images
+            )
+        )
 
 
 def test_served_decode_modes(image_server: RunningServer, image_bundle: Path, tmp_path: Path) -> None:

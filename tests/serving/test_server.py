@@ -164,7 +164,7 @@ def test_a_used_port_exits_2_in_one_line_before_loading(tiny_bundle: Path) -> No
         (["--bundle", "{bundle}", "--warmup", "maybe"], {}, "invalid _bool value: 'maybe'"),
         (["--bundle", "{bundle}", "--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
         (["--bundle", "{bundle}", "--api-key-file", "/no/such/key"], {}, "cannot read --api-key-file"),
-        (["--bundle", "{bundle}", "--max-batch-pixels", "0"], {}, "--max-batch-pixels must be >= 1"),
+        (["--bundle", "{bundle}", "--max-batch-pixels", "-1"], {}, "--max-batch-pixels must be >= 0"),
     ],
 )
 def test_bad_start_is_one_line(args: list[str], env: dict[str, str], fragment: str, tiny_bundle: Path) -> None:
