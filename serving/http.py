@@ -40,6 +40,7 @@ from ortpack.serving.errors import (
     from_input_error,
     status_of,
 )
+from ortpack.serving.protocol import BODY_INTO
 from ortpack.serving.stages import breakdown
 
 MAPPED_BODY_BYTES = 1 << 20  # bodies from this size are read into a mapping of their own (read_body)
@@ -165,18 +166,25 @@ async def read_body(request: Request, limit: int) -> bytearray | memoryview:
     # from the heap, glibc kept what an image flood's bodies had used (~500 MB after 100 x 2.6 MB)
     body: bytearray | mmap.mmap = mmap.mmap(-1, known) if known >= MAPPED_BODY_BYTES else bytearray(known)
     size = 0
-    async for chunk in request.stream():
-        end = size + len(chunk)
-        if end > limit:
-            raise PayloadTooLargeError(f"request body exceeds the {limit}-byte limit")
-        if end > known:  # chunked (or more than declared): held as it arrives
-            service.hold(int((end - known) * expansion), "its body")
-            known = end
-        if end > len(body):
-            body = body if isinstance(body, bytearray) else bytearray(body[:size])
-            body.extend(bytes(end - len(body)))
-        body[size:end] = chunk
-        size = end
+    into = request.scope.get(BODY_INTO)
+    if into is not None and known and "transfer-encoding" not in request.headers:
+        try:  # the connection writes the body straight into `body` as it arrives (serving/protocol.py)
+            size = await into(body)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+    else:
+        async for chunk in request.stream():
+            end = size + len(chunk)
+            if end > limit:
+                raise PayloadTooLargeError(f"request body exceeds the {limit}-byte limit")
+            if end > known:  # chunked (or more than declared): held as it arrives
+                service.hold(int((end - known) * expansion), "its body")
+                known = end
+            if end > len(body):
+                body = body if isinstance(body, bytearray) else bytearray(body[:size])
+                body.extend(bytes(end - len(body)))
+            body[size:end] = chunk
+            size = end
     ctx = context.current()
     if ctx is not None:
         ctx.body_bytes = size
