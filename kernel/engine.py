@@ -37,7 +37,7 @@ class EngineOptions:
     """The limits an engine applies (a server's options; the build and the probe use these
     defaults): tokens (0: the model's max length), truncation, buckets (empty: the default
     ones), characters per text (0: 100 per token), pixels per image, the image decode mode, and
-    what one batch may cost (padded tokens; pixels)."""
+    what one batch may cost (padded tokens; pixels) and hold (images; 0: any)."""
 
     max_tokens: int = 0
     truncate: bool = True
@@ -47,6 +47,7 @@ class EngineOptions:
     decode: str = "auto"
     max_batch_tokens: int = 0
     max_batch_pixels: int = 0
+    max_batch_images: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

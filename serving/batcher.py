@@ -193,7 +193,7 @@ class Batcher:
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the time to work through the queue, at least 1."""
         if self.times.ready:
-            queued = sum(self._seconds(r.cost_left) for r in self.active) + self._running_seconds()
+            queued = sum(self._seconds(r.cost_left, r.queued) for r in self.active) + self._running_seconds()
             queued += sum(p.seconds for p in self.expected.values())
             return max(1, math.ceil(queued / self.workers))
         if self.items_per_second <= 0:
@@ -209,12 +209,15 @@ class Batcher:
             return float(bucket)
         return float(self.cost(payload))
 
-    def _seconds(self, cost: float) -> float:
-        """Predicted worker-seconds for `cost` units, in batches of at most `batch_s`."""
+    def _seconds(self, cost: float, items: float = math.inf) -> float:
+        """Predicted worker-seconds for `cost` units of `items` items (when known), in batches of
+        at most `batch_s` and `max_batch_cost` (but never more batches than items: a batch always
+        holds one)."""
         if cost <= 0:
             return 0.0
         per_batch = min(self.times.cost_within(self.batch_s), self.max_batch_cost)
         batches = max(1, math.ceil(cost / per_batch)) if math.isfinite(per_batch) and per_batch > 0 else 1
+        batches = max(1, min(batches, items))
         return self.times.seconds(cost, batches)
 
     def _capacity(self, fast: bool) -> float:
@@ -256,7 +259,7 @@ class Batcher:
 
     def _planned(self) -> list[Planned]:
         return [
-            Planned(fast=r.fast, deadline=r.deadline, arrival=r.enqueued, seconds=self._seconds(r.cost_left))
+            Planned(fast=r.fast, deadline=r.deadline, arrival=r.enqueued, seconds=self._seconds(r.cost_left, r.queued))
             for r in self.active
         ]
 
@@ -306,7 +309,7 @@ class Batcher:
         now = self.clock()
         costs = [self.item_cost(p, b) for p, b in zip(payloads, buckets, strict=True)]
         cost = sum(costs)
-        seconds = self._seconds(cost) if self.times.ready else 0.0
+        seconds = self._seconds(cost, n) if self.times.ready else 0.0
         # the fast lane: a request that runs as one short batch (before any batch was timed: one batch)
         one_batch = n <= self.max_batch_size and cost <= self.max_batch_cost
         fast = one_batch and (seconds <= self.fast_s or not self.times.ready)

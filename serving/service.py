@@ -486,17 +486,17 @@ def _open(
     ), batching
 
 
-# Pixels per image batch by default, where the provider is not the CPU. On the CPU a batch holds one
-# image: with one intra-op thread per worker, a batch never cost less per image than one image alone
+# Pixels per image batch by default. On the CPU a batch holds one image unless --max-batch-pixels is
+# given: with one intra-op thread per worker, a batch never cost less per image than one image alone
 # (MobileNetV3-small fp32, EfficientNet-Lite0 int8, YOLOv8s int8 at 224x224, VGA and 1280x960: a
 # batch of 8 cost 0-64 % more per image; docs/image-classification.md#batching), and the stacked copy
 # of its images is saved too.
-ACCELERATOR_BATCH_PIXELS = 4_000_000
+DEFAULT_BATCH_PIXELS = 4_000_000
 
 
 def engine_options(config: ServeConfig, provider: str = "CPUExecutionProvider") -> EngineOptions:
     """The server's limits, as the engine applies them on `provider` (the session's first)."""
-    batch_pixels = config.max_batch_pixels or (1 if provider == "CPUExecutionProvider" else ACCELERATOR_BATCH_PIXELS)
+    one_image = not config.max_batch_pixels and provider == "CPUExecutionProvider"
     return EngineOptions(
         max_tokens=config.max_tokens,
         truncate=config.truncate,
@@ -505,7 +505,8 @@ def engine_options(config: ServeConfig, provider: str = "CPUExecutionProvider") 
         max_image_pixels=config.max_image_pixels,
         decode=config.decode,
         max_batch_tokens=config.max_batch_tokens,
-        max_batch_pixels=batch_pixels,
+        max_batch_pixels=config.max_batch_pixels or DEFAULT_BATCH_PIXELS,
+        max_batch_images=1 if one_image else 0,
     )
 
 

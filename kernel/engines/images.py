@@ -25,7 +25,7 @@ class ImageEngine:
 
     units = "pixels"
     padded = False
-    max_batch_size = 0  # any
+    max_batch_size = 0  # any (options.max_batch_images)
     cost_per_byte = 3.0  # a body byte's pixels before any request was seen: a JPEG holds ~0.3 bytes per pixel
 
     def __init__(self, ctx: EngineContext) -> None:
@@ -43,7 +43,8 @@ class ImageEngine:
             preprocessing, ctx.variant, options.decode, options.max_image_pixels, ctx.name, log.warning
         )
         self.max_batch_cost = float(options.max_batch_pixels or math.inf)
-        if options.max_batch_pixels == 1:  # below any image: every batch holds one (a CPU server's default)
+        self.max_batch_size = options.max_batch_images
+        if options.max_batch_images == 1:
             self.batching = f"images decoded {self.decode}, one per model call"
         else:
             limit = f", at most {options.max_batch_pixels / 1e6:g} MP per batch" if options.max_batch_pixels else ""

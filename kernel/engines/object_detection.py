@@ -35,7 +35,8 @@ class DetectionEngine(ImageEngine):
         settings = ctx.settings
         if not isinstance(settings, ObjectDetectionSettings):
             raise ValueError(f"not an object-detection bundle: {settings.task}")
-        self.max_batch_size = settings.max_batch
+        # the graph's own limit (a graph exported for batch 1: 1) and the server's (0: any)
+        self.max_batch_size = min((n for n in (settings.max_batch, ctx.options.max_batch_images) if n), default=0)
         self.max_detections = settings.thresholds.max_detections
         size = settings.preprocessing.size
         self.crop = size  # warm-up's first shape: the model's own input size

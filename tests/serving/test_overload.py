@@ -109,6 +109,27 @@ def test_admitted_work_finishes_and_the_rest_is_refused_at_once() -> None:
     assert all(r >= 1 for r in retry) and batcher.refused == outcomes.count("429")
 
 
+def test_a_request_is_never_predicted_more_batches_than_items() -> None:
+    """A batch cost limit below one item's cost (--max-batch-pixels smaller than an image) still
+    runs each item as one call: a 1.2-megapixel image is predicted as one call, not 1.2 million,
+    and is admitted (it was refused as 81 s of work while its call took 5 ms)."""
+    batcher = Batcher(Sleeper(0.005), max_batch_size=4, max_queue_size=100, workers=1, cost=lambda p: 1.2e6)
+    batcher.max_batch_cost = 1.0
+    for pixels, seconds in ((50_000, 0.0012), (300_000, 0.002), (2_000_000, 0.0065)):
+        batcher.times.observe(pixels, seconds, warm_up=True)
+    assert batcher.times.coefficients()[0] > 0  # a fixed cost per call: what multiplied
+
+    async def body() -> None:
+        batcher.start()
+        try:
+            await batcher.submit([0], [(960, 1280)], 1.0)
+        finally:
+            await batcher.stop()
+
+    asyncio.run(body())
+    assert batcher.refused == 0
+
+
 def test_a_client_deadline_shortens_the_budget_and_a_bad_one_is_400(tiny_bundle: Path) -> None:
     """X-Request-Timeout (seconds) shortens the server's deadline, never lengthens it: a request
     that cannot finish within its own deadline is refused at once (429), not run to be late."""
