@@ -48,7 +48,7 @@ class ServeConfig:
     max_text_chars: int = 0  # default: 100 x max_tokens
     truncate: bool = True
     max_image_pixels: int = 40_000_000
-    max_batch_pixels: int = 0  # default: one image per model call on the CPU, 4 MP on a GPU (engine_options)
+    max_batch_pixels: int = 0  # 0: one image per call on the CPU, 4 MP elsewhere (engine_options)
     decode: str = "auto"  # image bundles: auto (the bundle's validated default), exact or reduced
     buckets: tuple[int, ...] = ()  # default: ortpack.serving.text.default_buckets (4 apart to 32, 8 to 64, ...)
     workers: int = 0  # model threads running ORT at once; default: the cores available
@@ -194,7 +194,7 @@ _HELP = {
     "max_image_pixels": "image bundles: largest image in pixels (checked from the header before decoding; 413)",
     "max_batch_pixels": (
         "image bundles: most pixels in one model call (a batch always holds one image); "
-        "default 0: one image per call on the CPU, 4 MP on a GPU"
+        "default 0: one image per call on the CPU, 4 MP elsewhere; a value batches by size on the CPU too"
     ),
     "decode": "image bundles: how JPEGs are decoded. auto: the bundle's validated default; exact: the full "
     "decode the reference used; reduced: the smallest DCT scale the parity gate validated (refused at start when "
