@@ -78,10 +78,8 @@ def main() -> int:
     for model in results["models"]:
         for row in model["rows"]:
             ms = row["ms_per_image"]
-            rows.append(
-                [f"{model['bundle']} ({model['variant']})", row["image"], *(f"{ms[b]:.2f}" for b in BATCHES)]
-                + [f"{ms[8] / ms[1]:.2f}x"]
-            )
+            per_batch = [f"{ms[b]:.2f}" for b in BATCHES]
+            rows.append([f"{model['bundle']} ({model['variant']})", row["image"], *per_batch, f"{ms[8] / ms[1]:.2f}x"])
     print(f"\nCPU ms per image by batch size, one thread ({results['cpu']}):")
     print(table(rows))
     write_results(args.out, results)

@@ -217,7 +217,7 @@ class Batcher:
             return 0.0
         per_batch = min(self.times.cost_within(self.batch_s), self.max_batch_cost)
         batches = max(1, math.ceil(cost / per_batch)) if math.isfinite(per_batch) and per_batch > 0 else 1
-        batches = max(1, min(batches, items))
+        batches = max(1, int(min(batches, items)))
         return self.times.seconds(cost, batches)
 
     def _capacity(self, fast: bool) -> float:
