@@ -40,9 +40,10 @@ from ortpack.serving.errors import (
     from_input_error,
     status_of,
 )
-from ortpack.serving.protocol import BODY_INTO
 from ortpack.serving.stages import breakdown
 
+# the scope key of a request's body reader, set by the connection (serving/protocol.py `read_body_into`)
+BODY_INTO = "ortpack.read_body_into"
 MAPPED_BODY_BYTES = 1 << 20  # bodies from this size are read into a mapping of their own (read_body)
 
 if TYPE_CHECKING:

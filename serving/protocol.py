@@ -57,13 +57,13 @@ import orjson
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from ortpack.serving.http import BODY_INTO
+
 log = logging.getLogger("ortpack.serve")
 
 # lingering close: the longest pause in what a client still sends before the connection closes
 LINGER_IDLE_S = 2.0
 _KINDS = {400: "invalid_request", 408: "request_timeout", 431: "headers_too_large", 503: "overloaded"}
-# the scope key of a request's `read_body_into` (ortpack.serving.http.read_body uses it)
-BODY_INTO = "ortpack.read_body_into"
 _REASONS = {400: "bad_request", 408: "slow_client", 431: "headers_too_large", 503: "too_many_connections"}
 
 
