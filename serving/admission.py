@@ -46,6 +46,8 @@ class BatchTimes:
         self.count = 0
         self.served = 0  # observations of served batches (not the warm-up's)
         self._lock = threading.Lock()  # the warm-up observes from several threads
+        # (count, (a, b)): the fit at `count` observations; admission asks once per queued request
+        self._fit: tuple[int, tuple[float, float]] = (-1, (0.0, 0.0))
 
     def observe(self, cost: float, seconds: float, *, warm_up: bool = False) -> None:
         """One batch of `cost` units took `seconds` on one worker (`warm_up`: before ready)."""
@@ -66,6 +68,12 @@ class BatchTimes:
 
     def coefficients(self) -> tuple[float, float]:
         """(a, b): seconds per call and per unit of cost, both >= 0."""
+        count = self.count  # read first: an observation while fitting makes the next call fit again
+        if self._fit[0] != count:
+            self._fit = (count, self._coefficients())
+        return self._fit[1]
+
+    def _coefficients(self) -> tuple[float, float]:
         if self._n <= 0:
             return 0.0, 0.0
         mean_x, mean_y = self._sx / self._n, self._sy / self._n
