@@ -218,6 +218,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         then each piece as it arrives, without uvicorn's pause at 64 KB buffered and its copy per
         `receive()`; the route wakes once, when the body is complete. The bytes written; a client
         that goes (or times out) before the end raises ClientDisconnect."""
+        if cycle.waiting_for_100_continue and not self.transport.is_closing():  # as uvicorn's receive() does
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
         sink = _Sink(buffer)
         sink.write(cycle.body)
         cycle.body = bytearray()

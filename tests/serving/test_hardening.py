@@ -197,6 +197,20 @@ def test_a_body_in_many_pieces_arrives_whole(server: tuple[RunningServer, int]) 
             assert answer["data"][0]["embedding"] == compact["data"][0]["embedding"]
 
 
+def test_expect_100_continue_is_answered_before_the_body(server: tuple[RunningServer, int]) -> None:
+    """A client that sends `Expect: 100-continue` (curl does for bodies over 1 KB) hears 100 before
+    it sends its body, then the answer."""
+    s, _ = server
+    body = b'{"input": "continue"}'
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nExpect: 100-continue\r\n"
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port_of(s)), timeout=5) as sock:
+        sock.sendall(head.encode())
+        assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")  # within the timeout
+        sock.sendall(body)
+        assert sock.makefile("rb").readline().startswith(b"HTTP/1.1 200")
+
+
 def test_idle_connection_is_closed(server: tuple[RunningServer, int]) -> None:
     s, _ = server
     started = time.monotonic()
