@@ -285,8 +285,9 @@ def main() -> int:
 
 def runs_table(servers: list[dict[str, Any]], workload: bool = True) -> str:
     """One row per run of each server (with its workload's name when `workload`): requests/s,
-    latency, errors, memory, CPU per request and the machine's load."""
-    columns = ["conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req", "load"]
+    latency, errors, memory, CPU per request (and its main thread's share: in ortpack's server the
+    event loop) and the machine's load."""
+    columns = ["conc.", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MB", "CPU ms/req", "of it main thread", "load"]
     rows = [["server", *(["workload"] if workload else []), *columns]]
     for server in servers:
         for r in server["runs"]:
@@ -301,6 +302,7 @@ def runs_table(servers: list[dict[str, Any]], workload: bool = True) -> str:
                     str(r["errors"]),
                     f"{r['peak_rss_mb']:.0f}",
                     f"{r['cpu_ms_per_request']:.1f}",
+                    f"{r['main_thread_cpu_ms_per_request']:.2f}" if "main_thread_cpu_ms_per_request" in r else "-",
                     load_cell(r),
                 ]
             )
