@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.serve_offline import per_second  # noqa: E402
 from ortpack.components.core.timing import LoadWatch  # noqa: E402
 
 QUERIES = ROOT / "components" / "core" / "data" / "retrieval_queries.jsonl"
@@ -174,24 +174,14 @@ def _timed(call: Any) -> float:
 
 
 def throughput(backend: Any, payloads: list[Any], batch: int, callers: int, seconds: float) -> float:
+    """Sentences per second: `callers` threads each running batches of `batch` in turn."""
     groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
-    done = [0] * callers
-    deadline = time.perf_counter() + seconds
 
-    def work(k: int) -> None:
-        i = k
-        while time.perf_counter() < deadline:
-            backend.run(groups[i % len(groups)])
-            i += callers
-            done[k] += batch
+    def step(caller: int, i: int) -> int:
+        backend.run(groups[(caller + i * callers) % len(groups)])
+        return batch
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(callers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(done) / (time.perf_counter() - t0)
+    return per_second(step, seconds, callers)
 
 
 def main() -> int:
