@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import binascii
 import contextlib
-import importlib.util
 import io
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -132,7 +131,7 @@ def _strict_base64() -> Callable[[str], bytes]:
     """The fastest strict base64 decoder here: pybase64's SIMD one (the `image` extra; 0.02 ms for
     a 530 KB photo where binascii takes 0.7 ms, with the GIL held) or binascii's. Both reject what
     is not the alphabet, bad padding and data after it."""
-    if importlib.util.find_spec("pybase64") is not None:
+    with contextlib.suppress(ImportError):  # as simplejpeg is found (ImageDecoder)
         import pybase64
 
         return lambda text: pybase64.b64decode(text, validate=True)

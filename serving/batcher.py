@@ -216,7 +216,7 @@ class Batcher:
         if cost <= 0:
             return 0.0
         per_batch = min(self.times.cost_within(self.batch_s), self.max_batch_cost)
-        batches = max(1, math.ceil(cost / per_batch)) if math.isfinite(per_batch) and per_batch > 0 else 1
+        batches = math.ceil(cost / per_batch) if math.isfinite(per_batch) and per_batch > 0 else 1
         batches = max(1, int(min(batches, items)))
         return self.times.seconds(cost, batches)
 

@@ -489,8 +489,8 @@ def _open(
 # Pixels per image batch by default. On the CPU a batch holds one image unless --max-batch-pixels is
 # given: with one intra-op thread per worker, a batch never cost less per image than one image alone
 # (MobileNetV3-small fp32, EfficientNet-Lite0 int8, YOLOv8s int8 at 224x224, VGA and 1280x960: a
-# batch of 8 cost 0-64 % more per image; docs/image-classification.md#batching), and the stacked copy
-# of its images is saved too.
+# batch of 8 cost 1.18-1.75x one image's per image, bench/image_batching.py;
+# docs/image-classification.md#batching), and the stacked copy of its images is saved too.
 DEFAULT_BATCH_PIXELS = 4_000_000
 
 
