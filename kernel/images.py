@@ -83,8 +83,12 @@ class ImageDecoder:
     def mode(self) -> str:
         return "reduced" if self.reduce_to else "exact"
 
-    def decode(self, data: bytes | bytearray | memoryview, where: str = "image") -> np.ndarray:
-        """uint8 [height, width, 3] RGB, EXIF orientation applied."""
+    def decode(
+        self, data: bytes | bytearray | memoryview, where: str = "image", reserve: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """uint8 [height, width, 3] RGB, EXIF orientation applied. `reserve`, if given, is called with
+        the decoded pixels' size in bytes once the header is read, before anything is decoded (a
+        server holds them in its memory budget; an exception from it stops the decode)."""
         from PIL import Image, ImageOps, UnidentifiedImageError
 
         if not data:
@@ -100,13 +104,15 @@ class ImageDecoder:
                     f"the limit is {self.max_pixels / 1e6:.1f}"
                 )
             orientation = image.getexif().get(_ORIENTATION, 1)
+            if self.reduce_to and image.format == "JPEG":
+                image.draft("RGB", (self.reduce_to, self.reduce_to))  # the DCT scale; image.size is now reduced
+            if reserve is not None:
+                reserve(image.size[0] * image.size[1] * 3)
             fast = self._jpeg is not None and not self.reduce_to and image.mode in ("RGB", "L")
             if fast and image.format == "JPEG":
                 pixels = self._jpeg.decode_jpeg(data, colorspace="RGB")  # any buffer: no copy
                 upright = _UPRIGHT.get(orientation)
                 return np.ascontiguousarray(upright(pixels)) if upright else pixels
-            if self.reduce_to and image.format == "JPEG":
-                image.draft("RGB", (self.reduce_to, self.reduce_to))
             image.load()
             rgb: Image.Image = image
             if orientation != 1 or image.format != "JPEG":  # a PNG's EXIF may follow its pixels

@@ -191,10 +191,12 @@ class Batcher:
     # ---------------------------------------------------------------- intake
 
     def retry_after(self) -> int:
-        """Seconds a refused client should wait: the time to work through the queue, at least 1."""
+        """Seconds a refused client should wait: the time to work through the queue, at least 1. Safe
+        on a decode thread (a refusal of decoded pixels): it reads copies of the loop's collections."""
         if self.times.ready:
-            queued = sum(self._seconds(r.cost_left, r.queued) for r in self.active) + self._running_seconds()
-            queued += sum(p.seconds for p in self.expected.values())
+            active, expected = list(self.active), list(self.expected.values())  # each copied under the GIL
+            queued = sum(self._seconds(r.cost_left, r.queued) for r in active) + self._running_seconds()
+            queued += sum(p.seconds for p in expected)
             return max(1, math.ceil(queued / self.workers))
         if self.items_per_second <= 0:
             return 1
@@ -233,7 +235,7 @@ class Batcher:
 
     def _running_seconds(self) -> float:
         """Worker-seconds left of the batches running now (half of each, on average)."""
-        return sum(self.times.seconds(cost) for cost in self._running_cost.values()) / 2
+        return sum(self.times.seconds(cost) for cost in list(self._running_cost.values())) / 2
 
     def precheck(self, budget_s: float, cost: float = 0.0, key: Hashable = None) -> None:
         """Refuse at once (429) a request of about `cost` (an estimate from its body's size) with

@@ -24,6 +24,7 @@ class RequestContext:
     deadline: float  # time.perf_counter() by which it must be answered
     items: int = 0  # texts or images queued for the model
     reserved: int = 0  # bytes of the server's memory budget it holds (ortpack.serving.memory)
+    pixels_held: int = 0  # of which for its images' decoded pixels, held before they were decoded
     body_bytes: int = 0  # its body's size, once read
     tokens: int = 0  # real tokens of its texts
     queue_s: float | None = None  # queued until its first model call started

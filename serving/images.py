@@ -9,6 +9,7 @@ many requests arrive at once (Pillow releases the GIL). A task plugin holds one 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from starlette.requests import Request
 
 from ortpack.kernel.images import ImageDecoder, decode_base64
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
-from ortpack.serving.http import config_of, read_body
+from ortpack.serving.http import config_of, read_body, service_of
 
 if TYPE_CHECKING:
     from ortpack.serving.tasks.contract import InferInput
@@ -39,8 +40,9 @@ class ImageInputs:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortpack-decode")
 
     async def off_loop(self, work: Any, *args: Any) -> Any:
-        """`work(*args)` on a decode thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
+        """`work(*args)` on a decode thread, in the request's context (its memory is held there)."""
+        run = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run, work, *args)
 
     async def from_body(self, request: Request, json_route: str) -> np.ndarray:
         """The request's body, an image file (Content-Type image/*), decoded."""
@@ -50,26 +52,30 @@ class ImageInputs:
                 f"send the image bytes with Content-Type image/*, not {kind!r} (or base64 JSON to {json_route})"
             )
         data = await read_body(request, config_of(request).max_body_bytes)
-        pixels: np.ndarray = await self.off_loop(self.decoder.decode, data, "the request body")
+        hold = service_of(request).hold_pixels
+        pixels: np.ndarray = await self.off_loop(self.decoder.decode, data, "the request body", hold)
         return pixels
 
-    async def from_base64(self, items: list[str], where: list[str]) -> list[np.ndarray]:
-        """Base64 strings (or data: URLs), each decoded; `where` names each in errors."""
+    async def from_base64(self, request: Request, items: list[str], where: list[str]) -> list[np.ndarray]:
+        """Base64 strings (or data: URLs), each decoded; `where` names each in errors. Each image's
+        pixels are held in the server's memory budget from its header, before it is decoded."""
         if len(items) > self.max_items:
             raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {self.max_items}")
-        decoder = self.decoder
+        decoder, hold = self.decoder, service_of(request).hold_pixels
         decoded: list[np.ndarray] = await self.off_loop(
-            lambda: [decoder.decode(decode_base64(x, w), w) for x, w in zip(items, where, strict=True)]
+            lambda: [decoder.decode(decode_base64(x, w), w, hold) for x, w in zip(items, where, strict=True)]
         )
         return decoded
 
-    async def from_json(self, image: str | None, images: list[str] | None) -> tuple[list[np.ndarray], bool]:
+    async def from_json(
+        self, request: Request, image: str | None, images: list[str] | None
+    ) -> tuple[list[np.ndarray], bool]:
         """A JSON request's `image` (one base64 string) or `images` (a list), decoded, and whether it
         sent one (its answer is then the image's own, not a `data` list)."""
         if image is not None:
-            return await self.from_base64([image], ["image"]), True
+            return await self.from_base64(request, [image], ["image"]), True
         items = images or []
-        return await self.from_base64(items, [f"images[{i}]" for i in range(len(items))]), False
+        return await self.from_base64(request, items, [f"images[{i}]" for i in range(len(items))]), False
 
     def from_v2(self, tensor: InferInput) -> list[np.ndarray]:
         """An Open Inference Protocol UINT8 tensor `[n, height, width, 3]` (row-major, flat data):

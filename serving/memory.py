@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -142,8 +143,9 @@ class MemoryBudget:
     def __init__(self, limit: int | None) -> None:
         self.limit = limit  # None: unbounded
         self.held = 0
+        self.passing = 0  # of which held by what frees itself soon (decoded pixels on their way to the model)
         self.refused = 0
-        self._lock = threading.Lock()
+        self._freed = threading.Condition()
 
     @classmethod
     def for_server(cls, max_memory: int | None, max_body_bytes: int, *, tokenizes: bool = True) -> MemoryBudget:
@@ -156,25 +158,34 @@ class MemoryBudget:
         preparing = int(max_body_bytes * PREPARING_EXPANSION) if tokenizes else 0
         return cls(max(0, int(limit * (1 - MARGIN)) - resident_bytes() - preparing))
 
-    def reserve(self, n: int, *, strict: bool = False) -> bool:
+    def reserve(self, n: int, *, strict: bool = False, wait_s: float = 0.0, passing: bool = False) -> bool:
         """Hold `n` more bytes if they fit (a first reservation always fits an idle budget, unless
-        `strict`)."""
-        with self._lock:
-            if self.limit is not None and self.held + n > self.limit and (self.held > 0 or strict):
-                if not strict:  # a request refused (strict reservations are the engine's: they wait)
-                    self.refused += 1
-                return False
+        `strict`). One that does not fit waits up to `wait_s` for memory that is sure to be freed
+        (`passing` holds: requests on their way through the model), not for memory nothing frees."""
+        end = time.monotonic() + wait_s
+        with self._freed:
+            while self.limit is not None and self.held + n > self.limit and (self.held > 0 or strict):
+                left = end - time.monotonic()
+                if left <= 0 or not self.passing:
+                    if not strict:  # a request refused (strict reservations are the engine's: they wait)
+                        self.refused += 1
+                    return False
+                self._freed.wait(left)
             self.held += n
+            self.passing += n if passing else 0
             return True
 
-    def release(self, n: int) -> None:
-        with self._lock:
+    def release(self, n: int, passing: int = 0) -> None:
+        """Give back `n` bytes, `passing` of them held as `passing`."""
+        with self._freed:
             self.held = max(0, self.held - n)
+            self.passing = max(0, self.passing - passing)
+            self._freed.notify_all()
 
     def shrink(self, n: int) -> None:
         """`n` bytes more are held outside the budget's requests (a session opened after it was
         measured): the limit shrinks by them."""
-        with self._lock:
+        with self._freed:
             if self.limit is not None:
                 self.limit = max(0, self.limit - n)
 

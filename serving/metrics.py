@@ -76,6 +76,13 @@ class Metrics:
         self.tokens = Counter("ortpack_tokens_total", "real tokens of the texts run by the model", registry=r)
         self.ready = Gauge("ortpack_ready", "1 once warm-up finished and until shutdown starts", registry=r)
         self.in_flight = Gauge("ortpack_requests_in_flight", "requests accepted and not yet answered", registry=r)
+        # The memory budget (serving/memory.py), read when scraped
+        self.memory_held = Gauge(
+            "ortpack_memory_held_bytes", "memory the requests in progress and the model's growth hold", registry=r
+        )
+        self.memory_budget = Gauge(
+            "ortpack_memory_budget_bytes", "what they may hold (-1: unbounded); set once warm", registry=r
+        )
         # The node check: each gated number of the probe set, per variant tried on this node (the
         # task's gates: `gated_metrics`)
         self.parity: dict[str, Gauge] = {}

@@ -108,11 +108,12 @@ class ModelService:
         self.hold(int(size * expansion), "its body")
         return expansion
 
-    def hold(self, size: int, what: str) -> None:
-        """Hold `size` more bytes of the memory budget for the current request (429 beyond it)."""
+    def hold(self, size: int, what: str, *, wait_s: float = 0.0, passing: bool = False) -> None:
+        """Hold `size` more bytes of the memory budget for the current request (429 beyond it, after
+        waiting up to `wait_s` for requests on their way through the model to free theirs)."""
         if size <= 0:
             return
-        if not self.memory.reserve(size):
+        if not self.memory.reserve(size, wait_s=wait_s, passing=passing):
             raise OverloadedError(
                 f"overloaded: the server's memory budget is held by the requests in progress (this one needs "
                 f"{size / 1e6:.1f} MB for {what}); retry later",
@@ -122,19 +123,33 @@ class ModelService:
         if ctx is not None:
             ctx.reserved += size
 
+    def hold_pixels(self, nbytes: int) -> None:
+        """Hold an image's decoded pixels (`nbytes` of uint8, from its header) for the current request
+        before they are decoded, so decoding never takes memory the budget has not given (429 beyond
+        it). Pixels that do not fit wait for those of requests ahead of it, which the model frees as
+        it answers them, up to half the time the request has left (its body is read and held already:
+        waiting costs no more memory). Called on a decode thread, in the request's context."""
+        size = int(nbytes * PIXEL_EXPANSION)
+        ctx = context.current()
+        self.hold(size, "its decoded pixels", wait_s=ctx.remaining() / 2 if ctx is not None else 0.0, passing=True)
+        if ctx is not None:
+            ctx.pixels_held += size
+
     def finished(self, ctx: Any) -> None:
         """The request of `ctx` is answered: its memory and any admission estimate are released."""
         self.batcher.forget(id(ctx))
         if ctx.reserved:
-            self.memory.release(ctx.reserved)
+            self.memory.release(ctx.reserved, passing=ctx.pixels_held)
 
     async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]:
         """Queue one request's items and wait for their outputs (in order)."""
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
-        # decoded images are larger than their files (the graph's float copies are the engine's: EngineMemory)
-        self.hold(int(sum(getattr(p, "nbytes", 0) for p in payloads) * PIXEL_EXPANSION), "its decoded inputs")
+        # decoded images are larger than their files (the graph's float copies are the engine's:
+        # EngineMemory); those decoded from files were held before their decode (`hold_pixels`)
         ctx = context.current()
+        pixels = int(sum(getattr(p, "nbytes", 0) for p in payloads) * PIXEL_EXPANSION)
+        self.hold(pixels - (ctx.pixels_held if ctx is not None else 0), "its decoded inputs")
         if ctx is not None and ctx.body_bytes:  # what a body byte costs the model, for `admit_body`
             cost = sum(self.batcher.item_cost(p, b) for p, b in zip(payloads, buckets, strict=True))
             ratio = cost / ctx.body_bytes
@@ -215,7 +230,9 @@ class ModelService:
             await asyncio.to_thread(thread.join)
         # what is left once the model is loaded and warm
         tokenizes = self.engine.units == "tokens"
-        self.memory = MemoryBudget.for_server(self.max_memory, config.max_body_bytes, tokenizes=tokenizes)
+        self.memory = budget = MemoryBudget.for_server(self.max_memory, config.max_body_bytes, tokenizes=tokenizes)
+        self.metrics.memory_held.set_function(lambda: budget.held)
+        self.metrics.memory_budget.set_function(lambda: -1 if budget.limit is None else budget.limit)
         if self.engine.units == "pixels":
             grown, units = self.warmed or (0, 0.0)
             per_pixel = grown / units if grown and units else WORKING_BYTES_PER_PIXEL

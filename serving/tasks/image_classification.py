@@ -160,7 +160,7 @@ class ImageClassificationRuntime:
         """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
         body = await read_body_as(request, ClassifyJsonRequest)
         k = self.requested_top_k(body.top_k)
-        pixels, single = await self.images.from_json(body.image, body.images)
+        pixels, single = await self.images.from_json(request, body.image, body.images)
         results = await self.classify(request, pixels, k)
         model = service_of(request).model_name
         if single:

@@ -102,7 +102,7 @@ class ImageEmbeddingRuntime:
         single = isinstance(body.input, str)
         items = [body.input] if isinstance(body.input, str) else body.input
         where = ["input"] if single else [f"input[{i}]" for i in range(len(items))]
-        pixels = await self.images.from_base64(items, where)
+        pixels = await self.images.from_base64(request, items, where)
         return await self.answer(request, pixels, body.encoding_format)
 
     async def embed_image(self, request: Request) -> Response:

@@ -199,7 +199,7 @@ class ObjectDetectionRuntime:
         """{"image": base64} or {"images": [base64, ...]}, optional "min_score" and "top_k"."""
         body = await read_body_as(request, DetectJsonRequest)
         min_score, top_k = self.requested(body.min_score, body.top_k)
-        pixels, single = await self.images.from_json(body.image, body.images)
+        pixels, single = await self.images.from_json(request, body.image, body.images)
         answers = await self.detect(request, pixels, min_score, top_k)
         model = service_of(request).model_name
         if single:

@@ -251,7 +251,7 @@ class SemanticSegmentationRuntime:
     async def segment_json(self, request: Request) -> Response:
         """{"image": base64} or {"images": [base64, ...]}, optional "format"."""
         body = await read_body_as(request, SegmentJsonRequest)
-        pixels, single = await self.images.from_json(body.image, body.images)
+        pixels, single = await self.images.from_json(request, body.image, body.images)
         maps = await self.segment(request, pixels)
         answers = await self.images.off_loop(lambda: [self.describe_map(m, body.format) for m in maps])
         model = service_of(request).model_name

@@ -561,6 +561,39 @@ def test_concurrent_images_of_mixed_sizes(image_server: RunningServer, image_bun
         assert top["index"] == int(np.argmax(expected)) and abs(top["probability"] - float(expected.max())) < 1e-5
 
 
+def test_pixels_that_do_not_fit_wait_for_those_ahead_and_nothing_is_refused(image_bundle: Path) -> None:
+    """Each image's decoded pixels are held from its header before it is decoded; with room for
+    about two images' pixels at once, twelve images sent together wait for those ahead of them
+    (freed as each is answered) instead of being refused, and everything held is given back."""
+    from ortpack.serving.memory import PIXEL_EXPANSION, MemoryBudget
+    from tests.fakes import in_process, metric
+
+    images = [render_image(ImageSpec(400, 400, "smooth", i)) for i in range(12)]
+    bodies = [encode(im, "PNG") for im in images]
+    pixels = int(images[0].nbytes * PIXEL_EXPANSION)
+
+    async def flood() -> tuple[list[int], int, int, float]:
+        async with in_process(image_bundle, admission=False) as s:  # the memory budget alone decides
+            bodies_held = int(sum(len(b) for b in bodies) * 1.5)  # raw bodies: IMAGE_EXPANSION["raw"]
+            s.service.memory = budget = MemoryBudget(bodies_held + 2 * pixels + pixels // 2)
+            s.service.metrics.memory_held.set_function(lambda: budget.held)
+            answers = await asyncio.gather(
+                *(s.client.post("/v1/classify", content=b, headers={"Content-Type": "image/png"}) for b in bodies)
+            )
+            scraped = metric((await s.client.get("/metrics")).text, "ortpack_memory_held_bytes")
+            statuses = [(a.status_code, a.text[:200]) for a in answers]
+            # memory nothing will free (other requests' bodies): refused at once, its body given back
+            assert budget.reserve(budget.limit - len(bodies[0]) * 2)
+            refused = await s.client.post("/v1/classify", content=bodies[0], headers={"Content-Type": "image/png"})
+            statuses.append((refused.status_code, refused.json()["error"]["message"]))
+            return statuses, budget.held - (budget.limit - len(bodies[0]) * 2), budget.passing, scraped
+
+    statuses, held, passing, scraped = asyncio.run(flood())
+    assert [code for code, _ in statuses[:12]] == [200] * 12, statuses
+    assert statuses[12][0] == 429 and "decoded pixels" in statuses[12][1]
+    assert held == 0 and passing == 0 and scraped == 0.0
+
+
 async def fire(url: str, images: list[np.ndarray]) -> list[httpx.Response]:
     """Every image posted at once (PNG bytes to /v1/classify)."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:

@@ -135,6 +135,36 @@ def test_decoder_keeps_pillows_bomb_check_and_global_state() -> None:
     assert Image.MAX_IMAGE_PIXELS == pillow_limit and warnings.filters == filters
 
 
+def test_decoded_pixels_are_announced_from_the_header_before_decoding() -> None:
+    """`reserve` gets the decoded pixels' exact size before any is decoded (full size exact; the DCT
+    scale's size reduced), and an error from it stops the decode: a server holds the pixels in its
+    memory budget first (serving/service.py `hold_pixels`)."""
+    from PIL import Image
+
+    from ortpack.kernel.images import ImageDecoder
+
+    pixels = render_image(ImageSpec(1600, 1200, "smooth", 3))
+    jpeg = io.BytesIO()
+    Image.fromarray(pixels).save(jpeg, format="JPEG", quality=90)
+    for decoder in (ImageDecoder(1 << 30), ImageDecoder(1 << 30, reduce_to=300)):
+        for data in (jpeg.getvalue(), encode_png(pixels)):
+            announced: list[int] = []
+            decoded = decoder.decode(data, "x", announced.append)
+            assert announced == [decoded.nbytes], (decoder.mode, announced, decoded.shape)
+
+    reduced = ImageDecoder(1 << 30, reduce_to=300).decode(jpeg.getvalue())
+    assert reduced.shape == (400, 300, 3)  # a quarter of 1600x1200: what was announced is the reduced size
+
+    class NoRoom(Exception):
+        pass
+
+    def refuse(nbytes: int) -> None:
+        raise NoRoom(nbytes)
+
+    with pytest.raises(NoRoom):
+        ImageDecoder(1 << 30).decode(jpeg.getvalue(), "x", refuse)
+
+
 @pytest.mark.slow
 def test_efficientnet_bicubic_export_passes_its_gate(tmp_path: Path) -> None:
     """The bicubic preprocessing of EfficientNet-B0's weights, exported and gated like the rest."""

@@ -181,6 +181,22 @@ def test_memory_sizes_and_limits() -> None:
     assert expected - held - (64 << 20) < server.limit <= expected - held + (64 << 20)
 
 
+def test_a_reservation_waits_only_for_memory_that_is_sure_to_be_freed() -> None:
+    """Decoded pixels wait for those of requests on their way through the model (`passing`, freed
+    as each is answered), up to their wait; with nothing passing there is nothing to wait for."""
+    budget = MemoryBudget(1000)
+    assert budget.reserve(600)  # bodies: freed only when their requests go on
+    started = time.monotonic()
+    assert not budget.reserve(500, wait_s=5.0) and time.monotonic() - started < 1.0  # nothing passing: at once
+    assert budget.reserve(300, passing=True) and budget.passing == 300
+    assert not budget.reserve(200, wait_s=0.05)  # nothing freed in time
+    threading.Timer(0.2, budget.release, (300,), {"passing": 300}).start()
+    started = time.monotonic()
+    assert budget.reserve(200, wait_s=5.0, passing=True)  # woken by the release, long before 5 s
+    assert time.monotonic() - started < 4.0 and budget.held == 800 and budget.passing == 200
+    assert budget.refused == 2
+
+
 def test_an_image_request_reserves_what_its_form_holds_and_no_tokenizing() -> None:
     """Measured per form (bench/memory_factors.py): an image's bytes hold far less than base64 in
     JSON or a v2 tensor of JSON numbers; a text body what texts hold. Image servers set nothing
