@@ -12,7 +12,9 @@ Retry-After; the body is never read):
   margin;
 - a request's reservation: its declared body size times what a body of its form holds until it
   is answered (`body_expansion`: the body, its parse, the token arrays or the decoded file), then
-  its decoded pixels (`PIXEL_EXPANSION`), released when it is answered;
+  its decoded pixels (`PIXEL_EXPANSION`), counted from each image's header before it is decoded;
+  pixels that do not fit wait for those of requests ahead of them (`passing`), which their answers
+  free; all of it released when it is answered;
 - for engines that tokenize, one request's preparation at a time, reserved once for the largest
   body (`PREPARING_EXPANSION`): tokenizing needs far more than it keeps, and requests are
   tokenized one at a time (serving/text.py);
@@ -140,8 +142,10 @@ def resident_bytes() -> int:
 class MemoryBudget:
     """Bytes requests may hold at once; thread-safe."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, resident_cap: int | None = None) -> None:
         self.limit = limit  # None: unbounded
+        # the process's resident memory that memory waiting for `passing` holds also waits below (None: unchecked)
+        self.resident_cap = resident_cap
         self.held = 0
         self.passing = 0  # of which held by what frees itself soon (decoded pixels on their way to the model)
         self.refused = 0
@@ -156,24 +160,37 @@ class MemoryBudget:
         if limit is None:
             return cls(None)
         preparing = int(max_body_bytes * PREPARING_EXPANSION) if tokenizes else 0
-        return cls(max(0, int(limit * (1 - MARGIN)) - resident_bytes() - preparing))
+        cap = int(limit * (1 - MARGIN))
+        return cls(max(0, cap - resident_bytes() - preparing), resident_cap=cap)
 
     def reserve(self, n: int, *, strict: bool = False, wait_s: float = 0.0, passing: bool = False) -> bool:
         """Hold `n` more bytes if they fit (a first reservation always fits an idle budget, unless
         `strict`). One that does not fit waits up to `wait_s` for memory that is sure to be freed
-        (`passing` holds: requests on their way through the model), not for memory nothing frees."""
+        (`passing` holds: requests on their way through the model), not for memory nothing frees.
+
+        A `passing` hold that waits also waits for the process to have room (`resident_cap`): what is
+        resident can be well above what is held, since freed memory is not always given back to
+        the system (glibc keeps some; ONNX Runtime's arenas keep theirs)."""
         end = time.monotonic() + wait_s
         with self._freed:
-            while self.limit is not None and self.held + n > self.limit and (self.held > 0 or strict):
+            while not self._fits(n, strict, crowded=passing and wait_s > 0):
                 left = end - time.monotonic()
                 if left <= 0 or not self.passing:
                     if not strict:  # a request refused (strict reservations are the engine's: they wait)
                         self.refused += 1
                     return False
-                self._freed.wait(left)
+                self._freed.wait(min(left, 0.02))  # a release wakes it; the resident size is read again
             self.held += n
             self.passing += n if passing else 0
             return True
+
+    def _fits(self, n: int, strict: bool, crowded: bool) -> bool:
+        if self.limit is None:
+            return True
+        if self.held + n > self.limit and (self.held > 0 or strict):
+            return False
+        # with `crowded`, while other requests' pixels pass (they will free theirs): the process too
+        return not (crowded and self.passing and self.resident_cap and resident_bytes() + n > self.resident_cap)
 
     def release(self, n: int, passing: int = 0) -> None:
         """Give back `n` bytes, `passing` of them held as `passing`."""

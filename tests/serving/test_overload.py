@@ -195,6 +195,13 @@ def test_a_reservation_waits_only_for_memory_that_is_sure_to_be_freed() -> None:
     assert budget.reserve(200, wait_s=5.0, passing=True)  # woken by the release, long before 5 s
     assert time.monotonic() - started < 4.0 and budget.held == 800 and budget.passing == 200
     assert budget.refused == 2
+    # the process itself over its resident cap (freed memory kept by glibc or an arena): pixels wait
+    # while others pass, and are not refused for it when nothing passes (nothing would change)
+    crowded = MemoryBudget(1000, resident_cap=resident_bytes() // 2)
+    assert crowded.reserve(100) and crowded.reserve(100, passing=True)
+    assert not crowded.reserve(10, wait_s=0.05, passing=True)
+    crowded.release(100, passing=100)
+    assert crowded.reserve(10, wait_s=0.05, passing=True) and crowded.held == 110
 
 
 def test_an_image_request_reserves_what_its_form_holds_and_no_tokenizing() -> None:
