@@ -7,6 +7,7 @@ measured the way it is served.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,9 +92,11 @@ def create_session(
     *,
     intra_op_threads: int = 0,
     allow_spinning: bool = True,
+    shared_arena: bool = False,
 ) -> Any:
     """An `InferenceSession` following `plan` for a model file or the model's bytes (the server
-    passes the bytes it verified). `intra_op_threads=0` lets ORT use every core."""
+    passes the bytes it verified). `intra_op_threads=0` lets ORT use every core; `shared_arena`:
+    the process's CPU arena (`share_cpu_arena`)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -108,10 +111,32 @@ def create_session(
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if not allow_spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if shared_arena:
+        share_cpu_arena(options)
     if plan.fallback:
         log.warning("optimizing the model online: %s", plan.reason)
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, options, providers=plan.providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+
+
+_SHARED_ARENA = threading.Lock()
+_shared_arena: list[bool] = []  # [True] once the process's CPU arena is registered
+
+
+def share_cpu_arena(options: Any) -> None:
+    """Let a session allocate from the process's one CPU arena (registered on first use) instead of
+    an arena of its own, grown by exactly what a call asks beyond it (`kSameAsRequested`). A
+    session's arena grows to the most it has run at once and keeps it, so two sessions of one
+    model kept twice that: measured with two MobileNetV3-small sessions after one 12 MP photo each,
+    +279 MB resident with their own arenas, +135 MB with the shared one (no slower per call)."""
+    import onnxruntime as ort
+
+    with _SHARED_ARENA:
+        if not _shared_arena:
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg({"arena_extend_strategy": 1}))
+            _shared_arena.append(True)
+    options.add_session_config_entry("session.use_env_allocators", "1")
 
 
 def serving_session(
@@ -123,5 +148,7 @@ def serving_session(
     threads sleep between operators and two threads were slower than one (int8 MiniLM, b1 x ~19
     tokens, AMD EPYC: 1 thread 3.55 ms, 2 threads 3.90 ms without spinning, 2.90 ms with it)."""
     plan = plan_for(built)
-    session = create_session(model, plan, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning)
+    session = create_session(
+        model, plan, intra_op_threads=intra_op_threads, allow_spinning=allow_spinning, shared_arena=True
+    )
     return session, plan

@@ -218,11 +218,14 @@ class EngineMemory:
     after it (`run` yields True): its memory is given back, and what the budget holds is never
     more than its limit for long. Thread-safe: model calls run on worker threads."""
 
-    def __init__(self, budget: MemoryBudget, per_unit: float) -> None:
+    def __init__(self, budget: MemoryBudget, per_unit: float, *, shared: bool = False) -> None:
         self.budget = budget
         self.per_unit = per_unit
-        self.high: dict[int, float] = {}  # id(session) -> most units it has run at once
-        self.running: dict[int, float] = {}  # id(session) -> units running on it now
+        # `shared`: the sessions allocate from one arena (kernel/runtime.py `share_cpu_arena`), whose
+        # high-water mark is the most units run at once on all of them together
+        self.shared = shared
+        self.high: dict[int, float] = {}  # id(session) (0: the shared arena) -> most units it has run at once
+        self.running: dict[int, float] = {}  # the same key -> units running on it now
         self.calls = 0  # model calls running now, on every session
         self.grown = 0  # bytes held in the budget for arena growth
         self.shrunk = 0  # calls that ran alone and gave their memory back
@@ -230,13 +233,14 @@ class EngineMemory:
 
     def warmed(self, session: object, units: float) -> None:
         """`session` has run `units` at once already (its warm-up)."""
+        key = 0 if self.shared else id(session)
         with self._cond:
-            self.high[id(session)] = max(self.high.get(id(session), 0.0), units)
+            self.high[key] = max(self.high.get(key, 0.0), units)
 
     @contextmanager
     def call(self, session: object, units: float) -> Iterator[bool]:
         """Around one model call of `units` on `session`: yields whether to shrink the arena after it."""
-        key = id(session)
+        key = 0 if self.shared else id(session)
         with self._cond:
             while True:
                 at_once = self.running.get(key, 0.0) + units
