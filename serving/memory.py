@@ -59,6 +59,11 @@ PIXEL_EXPANSION = 1.25
 # reserved once, for the largest body the server takes.
 PREPARING_EXPANSION = 32.0
 MARGIN = 0.1  # of the limit, kept free for what is not a request's (the runtime's arenas, threads)
+# The most of the budget decoded pixels waiting for the model may hold (more wait to be decoded): a
+# decode runs ahead of the model, and with no bound a flood of 12 MP photos filled the budget with
+# pixels while the model's arena could not grow (each call then ran alone, shrunk) and the last
+# bodies were refused. A quarter is four such photos, two per model worker; VGA photos, hundreds.
+PASSING_SHARE = 0.25
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -189,8 +194,12 @@ class MemoryBudget:
             return True
         if self.held + n > self.limit and (self.held > 0 or strict):
             return False
-        # with `crowded`, while other requests' pixels pass (they will free theirs): the process too
-        return not (crowded and self.passing and self.resident_cap and resident_bytes() + n > self.resident_cap)
+        if not (crowded and self.passing):
+            return True
+        # while other requests' pixels pass (they will free theirs): a share of the budget, and the process's room
+        if self.passing + n > self.limit * PASSING_SHARE:
+            return False
+        return not (self.resident_cap and resident_bytes() + n > self.resident_cap)
 
     def release(self, n: int, passing: int = 0) -> None:
         """Give back `n` bytes, `passing` of them held as `passing`."""

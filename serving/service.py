@@ -116,6 +116,16 @@ class ModelService:
         if size <= 0:
             return
         if not self.memory.reserve(size, wait_s=wait_s, passing=passing):
+            memory, arena = self.memory, self.engine_memory
+            log.debug(
+                "refused %.1f MB for %s: %.1f of %.1f MB held (%.1f passing, %.1f the arena's growth)",
+                size / 1e6,
+                what,
+                memory.held / 1e6,
+                (memory.limit or 0) / 1e6,
+                memory.passing / 1e6,
+                (arena.grown if arena is not None else 0) / 1e6,
+            )
             raise OverloadedError(
                 f"overloaded: the server's memory budget is held by the requests in progress (this one needs "
                 f"{size / 1e6:.1f} MB for {what}); retry later",

@@ -22,6 +22,7 @@ from ortpack.serving.batcher import Batcher
 from ortpack.serving.errors import DeadlineExceededError, OverloadedError
 from ortpack.serving.memory import (
     MARGIN,
+    PASSING_SHARE,
     PREPARING_EXPANSION,
     EngineMemory,
     MemoryBudget,
@@ -202,6 +203,13 @@ def test_a_reservation_waits_only_for_memory_that_is_sure_to_be_freed() -> None:
     assert not crowded.reserve(10, wait_s=0.05, passing=True)
     crowded.release(100, passing=100)
     assert crowded.reserve(10, wait_s=0.05, passing=True) and crowded.held == 110
+    # decoded pixels waiting for the model hold at most a share of the budget (a decode runs ahead
+    # of the model); more wait, though the budget has room, unless nothing passes
+    ahead, share = MemoryBudget(1000), int(1000 * PASSING_SHARE)
+    assert ahead.reserve(share, passing=True)
+    assert not ahead.reserve(10, wait_s=0.05, passing=True) and ahead.held == share
+    ahead.release(share, passing=share)
+    assert ahead.reserve(600, wait_s=0.05, passing=True)  # nothing passing: a large image still goes
 
 
 def test_an_image_request_reserves_what_its_form_holds_and_no_tokenizing() -> None:
