@@ -19,9 +19,10 @@ Retry-After; the body is never read):
   body (`PREPARING_EXPANSION`): tokenizing needs far more than it keeps, and requests are
   tokenized one at a time (serving/text.py);
 - for engines of images, the model's working memory (`EngineMemory`): ONNX Runtime's arena grows
-  to the most pixels a session has run at once and keeps it, about 22 bytes per pixel for
-  MobileNetV3-small (a 12-megapixel photo: +270 MB per session, kept). A model call that would grow
-  an arena beyond what was measured at warm-up holds the growth for good; one whose growth does
+  to the most pixels run at once and keeps it; the served sessions share one (kernel/runtime.py
+  `share_cpu_arena`), which grew by 11.4 bytes a pixel for MobileNetV3-small (a 12-megapixel photo:
+  +137 MB, kept). A model call that would grow the arena beyond its high-water mark holds the growth
+  for good; one whose growth does
   not fit waits until no other call runs, then runs alone and gives its memory back
   (`memory.enable_memory_arena_shrinkage`). Requests are not refused for it.
 
@@ -219,13 +220,14 @@ class MemoryBudget:
 class EngineMemory:
     """The model's working memory in the budget, for engines whose batches vary in size (images).
 
-    ONNX Runtime's arena grows to the most a session has run at once and keeps it. So each
-    session's high-water mark (in the engine's units: pixels) is tracked, starting from what its
-    warm-up ran (already in the resident memory the budget was measured after); a call that would
-    raise it holds `per_unit` bytes per unit of the rise in the budget for good. A rise that does
-    not fit waits until no other call runs on any session, then runs alone with the arena shrunk
-    after it (`run` yields True): its memory is given back, and what the budget holds is never
-    more than its limit for long. Thread-safe: model calls run on worker threads."""
+    ONNX Runtime's arena grows to the most run on it at once and keeps it. So each arena's
+    high-water mark (in the engine's units: pixels; one for all sessions when they share the
+    process's arena) is tracked, starting from what its warm-up ran (already in the resident memory
+    the budget was measured after); a call that would raise it holds `per_unit` bytes per unit of
+    the rise in the budget for good. A rise that does not fit waits until no other call runs on any
+    session, then runs alone with the arena shrunk after it (`run` yields True): its memory is given
+    back, and what the budget holds is never more than its limit for long. Thread-safe: model calls
+    run on worker threads."""
 
     def __init__(self, budget: MemoryBudget, per_unit: float, *, shared: bool = False) -> None:
         self.budget = budget
@@ -240,16 +242,19 @@ class EngineMemory:
         self.shrunk = 0  # calls that ran alone and gave their memory back
         self._cond = threading.Condition()
 
+    def _arena(self, session: object) -> int:
+        return 0 if self.shared else id(session)
+
     def warmed(self, session: object, units: float) -> None:
         """`session` has run `units` at once already (its warm-up)."""
-        key = 0 if self.shared else id(session)
+        key = self._arena(session)
         with self._cond:
             self.high[key] = max(self.high.get(key, 0.0), units)
 
     @contextmanager
     def call(self, session: object, units: float) -> Iterator[bool]:
         """Around one model call of `units` on `session`: yields whether to shrink the arena after it."""
-        key = 0 if self.shared else id(session)
+        key = self._arena(session)
         with self._cond:
             while True:
                 at_once = self.running.get(key, 0.0) + units
