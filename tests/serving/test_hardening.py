@@ -4,6 +4,7 @@ that go away, and the metrics port. Raw sockets, bounded loops, generous upper b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -393,3 +394,50 @@ def test_answers_carry_ids_and_times_and_the_log_says_it_once(server: tuple[Runn
     assert log.count("ready: tiny-bert variant cpu-") == 1 and " (ORT " in log, log
     assert "Uvicorn running" not in log and "Started server process" not in log
     assert "request_id=req-42" in log and "route=/v1/embeddings status=200 items=1" in log
+
+
+def test_an_answers_head_and_body_go_out_in_one_send() -> None:
+    """uvicorn writes an answer's status line and headers, then its body: the connection's transport
+    sends both at once (one system call, one wake-up of the client); a head with no body write
+    (a HEAD answer) goes out at the end of the event loop's turn; a 100 Continue, before the
+    answer, at once."""
+    from types import SimpleNamespace
+
+    from ortpack.serving.protocol import _CloseAfterAnswer
+
+    class Socket:  # the transport under the wrapper: records each send
+        def __init__(self) -> None:
+            self.sends: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.sends.append(bytes(data))
+
+        def writelines(self, pieces: Iterator[bytes]) -> None:
+            self.sends.append(b"".join(pieces))
+
+        def is_closing(self) -> bool:
+            return False
+
+    async def answer(head_only: bool) -> list[bytes]:
+        sock, cycle = Socket(), SimpleNamespace(response_started=False)
+        protocol = SimpleNamespace(loop=asyncio.get_running_loop(), close_after_answer=lambda: None)
+        transport = _CloseAfterAnswer(sock, protocol, cycle)  # type: ignore[arg-type]
+        transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        cycle.response_started = True
+        transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        if not head_only:
+            transport.write(b"{}")
+        before_turn = len(sock.sends)
+        await asyncio.sleep(0)
+        return [*sock.sends[:before_turn], b"-- turn --", *sock.sends[before_turn:]]
+
+    assert asyncio.run(answer(head_only=False)) == [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+        b"-- turn --",
+    ]
+    assert asyncio.run(answer(head_only=True)) == [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"-- turn --",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
+    ]
