@@ -54,7 +54,7 @@ class Slice:
 Entry = tuple[Request, int, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Job:
     """One cut batch on its way to a worker thread."""
 
@@ -63,6 +63,7 @@ class Job:
     dispatched: float  # on the batcher's clock
     lone: bool  # run on the lone backend (every core), not a one-thread worker session
     cost: float = 0.0  # the batch's cost (padded: the longest item x the items)
+    began: float = 0.0  # when a worker started it (time.perf_counter; set on the worker thread)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,7 @@
 """The dynamic batcher with a fake backend: one answer per item, order, buckets, limits, failures,
-fairness between requests, deadlines and callers that go away."""
+fairness between requests, deadlines and callers that go away. Tests of the order in which queued
+work is cut hold the worker with `ahead=0` (no batch cut ahead of a worker), so what they submit
+stays queued."""
 
 from __future__ import annotations
 
@@ -99,6 +101,53 @@ def test_a_lone_request_is_dispatched_at_once() -> None:
     assert backend.batches == [[7]] and int(rows[0][1]) == 1
 
 
+def test_a_batch_is_cut_ahead_so_a_worker_never_waits_for_the_event_loop() -> None:
+    """With one batch cut ahead per worker (the default), a worker that finishes a batch runs the
+    next one while the event loop is busy elsewhere (blocked here); what is submitted after that
+    stays queued, in order, for the loop to cut."""
+    backend = RecordingBackend()
+    batcher = Batcher(backend, max_batch_size=1, max_queue_size=100, workers=1)
+
+    async def body() -> list[Any]:
+        backend.gate.clear()
+        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        second = asyncio.ensure_future(batcher.submit([2], [0], 5.0))
+        await _until(lambda: batcher.running == 2)  # cut ahead: on its way to the worker
+        third = asyncio.ensure_future(batcher.submit([3], [0], 5.0))
+        await _until(lambda: batcher.depth == 1)  # the worker's one batch ahead is taken: queued
+        backend.gate.set()
+        for _ in range(500):  # the event loop is blocked: only the worker can make progress
+            if len(backend.batches) == 2:
+                break
+            time.sleep(0.01)
+        assert backend.batches == [[1], [2]]
+        return await asyncio.gather(first, second, third)
+
+    answers = run(_with(batcher, body()))
+    assert [int(rows[0][0]) for rows in answers] == [1, 2, 3] and backend.batches == [[1], [2], [3]]
+
+
+def test_a_worker_takes_its_share_of_the_queue_not_all_of_it() -> None:
+    """A batch takes at most the queued items divided among the workers: one worker taking the
+    whole queue left the others idle until new requests came."""
+    backend = RecordingBackend()
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=2, ahead=0)
+
+    async def body() -> None:
+        backend.gate.clear()
+        first = asyncio.ensure_future(batcher.submit([0], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        many = asyncio.ensure_future(batcher.submit(list(range(1, 21)), [0] * 20, 5.0))
+        await _until(lambda: batcher.running == 2)
+        assert batcher.depth == 10  # the idle worker took half of the 20, not all of them
+        backend.gate.set()
+        await asyncio.gather(first, many)
+
+    run(_with(batcher, body()))
+    assert max(len(b) for b in backend.batches) == 10 and sum(len(b) for b in backend.batches) == 21
+
+
 def test_batch_delay_lets_a_batch_fill() -> None:
     """With a delay, the scheduler holds a lone item until the batch is full (no clock involved:
     the delay is far longer than the test, and the batch is cut when the third item arrives)."""
@@ -178,7 +227,7 @@ def test_a_failing_request_does_not_fail_the_others_in_its_batch() -> None:
     the fault is counted once, and the worker goes on to the next batch."""
     backend = RecordingBackend(fail_on=13)
     faults: list[str] = []
-    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, on_model_error=faults.append)
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, ahead=0, on_model_error=faults.append)
 
     async def body() -> list[Any]:
         backend.gate.clear()  # hold the worker so the three requests queue up and share a batch
@@ -214,7 +263,7 @@ def test_a_fault_that_does_not_repeat_fails_nobody() -> None:
 
     backend = FlakyBackend()
     faults: list[str] = []
-    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, on_model_error=faults.append)
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, ahead=0, on_model_error=faults.append)
 
     async def body() -> list[Any]:
         backend.gate.clear()
@@ -299,7 +348,7 @@ def test_small_requests_go_ahead_of_a_big_one_queued_before_them() -> None:
     request's items fill the rest of the batch)."""
     backend = RecordingBackend()
     backend.gate.clear()
-    batcher = Batcher(backend, max_batch_size=32, max_queue_size=1000, workers=1)
+    batcher = Batcher(backend, max_batch_size=32, max_queue_size=1000, workers=1, ahead=0)
 
     async def body() -> None:
         big = asyncio.ensure_future(batcher.submit(list(range(1000, 1300)), [256] * 300, 5.0))
@@ -322,7 +371,7 @@ def test_a_batch_takes_the_first_requests_items_first() -> None:
     batch), then the next request's: the first finishes, nobody is shared into lateness."""
     backend = RecordingBackend()
     backend.gate.clear()
-    batcher = Batcher(backend, max_batch_size=4, max_queue_size=100, workers=1)
+    batcher = Batcher(backend, max_batch_size=4, max_queue_size=100, workers=1, ahead=0)
 
     async def body() -> None:
         held = asyncio.ensure_future(batcher.submit([0], [0], 5.0))
@@ -340,7 +389,7 @@ def test_a_batch_takes_the_first_requests_items_first() -> None:
 def test_a_caller_that_goes_away_frees_its_queued_items() -> None:
     backend = RecordingBackend()
     backend.gate.clear()
-    batcher = Batcher(backend, max_batch_size=1, max_queue_size=10, workers=1)
+    batcher = Batcher(backend, max_batch_size=1, max_queue_size=10, workers=1, ahead=0)
 
     async def body() -> None:
         held = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
