@@ -27,6 +27,7 @@ import math
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 
 DECAY = 0.99  # per observed batch: the fit follows the last ~100 batches (a burst's slowdown passes)
 SAFETY = 0.8  # plan to finish within this share of a request's remaining budget
@@ -92,8 +93,12 @@ class BatchTimes:
         """Worker-seconds for `cost` units in `batches` calls (with the warm-up's margin while few
         served batches were seen)."""
         a, b = self.coefficients()
-        margin = 1 + (WARMUP_MARGIN - 1) * max(0.0, 1 - self.served / SERVED_BATCHES)
-        return (a * batches + b * cost) * margin
+        return (a * batches + b * cost) * self.margin()
+
+    def margin(self) -> float:
+        """What predictions are multiplied by: `WARMUP_MARGIN` before any served batch, 1 after
+        `SERVED_BATCHES` of them."""
+        return 1 + (WARMUP_MARGIN - 1) * max(0.0, 1 - self.served / SERVED_BATCHES)
 
     def cost_within(self, seconds: float) -> float:
         """The most cost one call can take within `seconds` (inf before any observation)."""
@@ -137,16 +142,18 @@ def admit(
     batches running now). `expected`: requests let in whose work is still being prepared (their
     bodies read and tokenized), estimated: counted when they run ahead of `new`, not protected
     from it. Requests ahead of `new` are not delayed by it, so they are not checked."""
-    queued = sorted(admitted, key=Planned.order)
-    ahead = running_s + sum(p.seconds for p in [*queued, *expected] if p.order() < new.order())
+    first = new.order()
+    behind = sorted(((p.order(), p) for p in admitted), key=itemgetter(0))  # each order made once
+    ahead = running_s + sum(p.seconds for order, p in behind if order < first)
+    ahead += sum(p.seconds for p in expected if p.order() < first)
     finish = now + (ahead + new.seconds) / workers
     allowed = now + SAFETY * (new.deadline - now)
     if finish > allowed:
         late = finish - allowed
         return Verdict(False, finish, max(1, math.ceil(late)), "it cannot finish before its deadline")
     done = ahead + new.seconds
-    for planned in queued:  # those behind `new`: each must still make it, if it would have without it
-        if planned.order() < new.order():
+    for order, planned in behind:  # those behind `new`: each must still make it, if it would have without it
+        if order < first:
             continue
         done += planned.seconds
         limit = SAFETY * (planned.deadline - now)
