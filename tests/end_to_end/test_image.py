@@ -214,6 +214,33 @@ def test_server_decoder_is_the_reference_decode(image_export: Path) -> None:
         np.testing.assert_array_equal(pillow.decode(data), expected)
 
 
+def test_reduced_decoding_is_pillows_at_every_scale(image_export: Path) -> None:
+    """The reduced decode by libjpeg-turbo (simplejpeg) gives Pillow's pixels at Pillow's DCT scale
+    (the one the gate measured) on every validation file, for reductions to each scale and none."""
+    from ortpack.components.core.validation_data import unpack_files
+    from ortpack.kernel.images import ImageDecoder
+
+    with np.load(image_export / "reference.npz") as ref:
+        files = unpack_files(ref["served_offsets"], ref["served_data"])
+
+    class Scales:  # simplejpeg, counting the decodes not at the size asked (Pillow decodes those again)
+        def __init__(self, jpeg: Any) -> None:
+            self.jpeg, self.calls, self.missed = jpeg, 0, 0
+
+        def decode_jpeg(self, data: bytes, **options: Any) -> np.ndarray:
+            pixels: np.ndarray = self.jpeg.decode_jpeg(data, **options)
+            self.calls += 1
+            self.missed += pixels.shape[:2] != (options["min_height"], options["min_width"])
+            return pixels
+
+    for reduce_to in (32, 100, 224, 256, 384, 512, 4096):
+        fast, pillow = ImageDecoder(40_000_000, reduce_to), ImageDecoder(40_000_000, reduce_to)
+        fast._jpeg, pillow._jpeg = Scales(fast._jpeg), None
+        for data in files:
+            np.testing.assert_array_equal(fast.decode(data), pillow.decode(data))
+        assert fast._jpeg.calls >= 4 and fast._jpeg.missed == 0, "libjpeg-turbo decoded the JPEGs at Pillow's scale"
+
+
 def test_decode_mode_needs_the_gates_evidence(image_bundle: Path) -> None:
     """auto serves the reduced decode only when the variant's parity record validates it; an
     explicit reduced request without that evidence refuses the start; exact is always allowed."""
