@@ -128,6 +128,30 @@ def test_a_batch_is_cut_ahead_so_a_worker_never_waits_for_the_event_loop() -> No
     assert [int(rows[0][0]) for rows in answers] == [1, 2, 3] and backend.batches == [[1], [2], [3]]
 
 
+def test_only_the_fast_lanes_batches_are_cut_ahead() -> None:
+    """A request of several batches (outside the fast lane) stays queued while the worker is busy:
+    a sentence arriving after it must not wait behind two long batches."""
+    backend = RecordingBackend()
+    batcher = Batcher(backend, max_batch_size=2, max_queue_size=100, workers=1)
+
+    async def body() -> list[Any]:
+        backend.gate.clear()
+        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
+        await _until(lambda: batcher.running == 1)
+        large = asyncio.ensure_future(batcher.submit([2, 3, 4, 5], [0] * 4, 5.0))
+        await _until(lambda: batcher.depth == 4)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert batcher.running == 1 and batcher.depth == 4  # nothing cut ahead
+        sentence = asyncio.ensure_future(batcher.submit([6], [0], 5.0))
+        await _until(lambda: batcher.running == 2)  # the fast one is
+        backend.gate.set()
+        return await asyncio.gather(first, large, sentence)
+
+    run(_with(batcher, body()))
+    assert backend.batches[0] == [1] and backend.batches[1][0] == 6  # the sentence first (then a filler)
+
+
 def test_a_worker_takes_its_share_of_the_queue_not_all_of_it() -> None:
     """A batch takes at most the queued items divided among the workers: one worker taking the
     whole queue left the others idle until new requests came."""
