@@ -91,10 +91,10 @@ ESTIMATE_SLACK = 1.25
 FAST_WINDOW_S = 5.0  # how far back the fast lane's share of the workers is measured
 # Batches cut ahead per worker (the default of Batcher's `ahead`): a worker that finishes a batch
 # takes the next from its queue at once instead of idling until the event loop has run `_finish`
-# and cut one (behind a 530 KB image body the loop is busy for milliseconds: 6 % of the CPU idled
-# at c=50, 12-14 % for one-sentence requests at c=32; 2 % and 6 % with one batch ahead). The
-# price: a fast request arriving under load may wait for a short batch more (only the fast lane's
-# batches are cut ahead).
+# and cut one (behind 530 KB image bodies the loop is busy for milliseconds: 6-8 % of the CPU
+# idled at c=50, 11-14 % for one-sentence requests at c=32; 5-6 % with one fast-lane batch ahead,
+# bench/serve_ab.py). The price: a fast request arriving under load may wait for a short batch
+# more (only the fast lane's batches are cut ahead).
 AHEAD = 1
 
 
