@@ -142,18 +142,18 @@ def admit(
     batches running now). `expected`: requests let in whose work is still being prepared (their
     bodies read and tokenized), estimated: counted when they run ahead of `new`, not protected
     from it. Requests ahead of `new` are not delayed by it, so they are not checked."""
-    first = new.order()
-    behind = sorted(((p.order(), p) for p in admitted), key=itemgetter(0))  # each order made once
-    ahead = running_s + sum(p.seconds for order, p in behind if order < first)
-    ahead += sum(p.seconds for p in expected if p.order() < first)
+    mine = new.order()
+    queued = sorted(((p.order(), p) for p in admitted), key=itemgetter(0))  # each order made once
+    ahead = running_s + sum(p.seconds for order, p in queued if order < mine)
+    ahead += sum(p.seconds for p in expected if p.order() < mine)
     finish = now + (ahead + new.seconds) / workers
     allowed = now + SAFETY * (new.deadline - now)
     if finish > allowed:
         late = finish - allowed
         return Verdict(False, finish, max(1, math.ceil(late)), "it cannot finish before its deadline")
     done = ahead + new.seconds
-    for order, planned in behind:  # those behind `new`: each must still make it, if it would have without it
-        if order < first:
+    for order, planned in queued:  # those behind `new`: each must still make it, if it would have without it
+        if order < mine:
             continue
         done += planned.seconds
         limit = SAFETY * (planned.deadline - now)
