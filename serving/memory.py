@@ -22,9 +22,8 @@ Retry-After; the body is never read):
   to the most pixels run at once and keeps it; the served sessions share one (kernel/runtime.py
   `share_cpu_arena`), which grew by 11.4 bytes a pixel for MobileNetV3-small (a 12-megapixel photo:
   +137 MB, kept). A model call that would grow the arena beyond its high-water mark holds the growth
-  for good; one whose growth does
-  not fit waits until no other call runs, then runs alone and gives its memory back
-  (`memory.enable_memory_arena_shrinkage`). Requests are not refused for it.
+  for good; one whose growth does not fit waits until no other call runs, then runs alone and gives
+  its memory back (`memory.enable_memory_arena_shrinkage`). Requests are not refused for it.
 
 A body without a Content-Length (chunked) reserves as it arrives, chunk by chunk.
 Linux only for the limits (`/sys/fs/cgroup`, `/proc`); elsewhere the budget is unbounded.

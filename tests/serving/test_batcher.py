@@ -73,6 +73,15 @@ async def _until(condition: Any) -> None:
     raise AssertionError("condition not reached in 5 s")
 
 
+async def _hold_worker(batcher: Batcher, backend: RecordingBackend, item: int = 1) -> asyncio.Future[Any]:
+    """Close the backend's gate and submit one `item`: the worker holds it, running, until the gate
+    opens. Returns the item's request."""
+    backend.gate.clear()
+    first = asyncio.ensure_future(batcher.submit([item], [0], 5.0))
+    await _until(lambda: batcher.running == 1)
+    return first
+
+
 def test_results_come_back_in_order_and_batches_respect_buckets_and_size() -> None:
     backend = RecordingBackend(delay_s=0.002)
     batcher = Batcher(backend, max_batch_size=4, max_queue_size=1000, workers=2)
@@ -109,9 +118,7 @@ def test_a_batch_is_cut_ahead_so_a_worker_never_waits_for_the_event_loop() -> No
     batcher = Batcher(backend, max_batch_size=1, max_queue_size=100, workers=1)
 
     async def body() -> list[Any]:
-        backend.gate.clear()
-        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
-        await _until(lambda: batcher.running == 1)
+        first = await _hold_worker(batcher, backend)
         second = asyncio.ensure_future(batcher.submit([2], [0], 5.0))
         await _until(lambda: batcher.running == 2)  # cut ahead: on its way to the worker
         third = asyncio.ensure_future(batcher.submit([3], [0], 5.0))
@@ -135,9 +142,7 @@ def test_only_the_fast_lanes_batches_are_cut_ahead() -> None:
     batcher = Batcher(backend, max_batch_size=2, max_queue_size=100, workers=1)
 
     async def body() -> list[Any]:
-        backend.gate.clear()
-        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
-        await _until(lambda: batcher.running == 1)
+        first = await _hold_worker(batcher, backend)
         large = asyncio.ensure_future(batcher.submit([2, 3, 4, 5], [0] * 4, 5.0))
         await _until(lambda: batcher.depth == 4)
         for _ in range(20):
@@ -159,9 +164,7 @@ def test_a_worker_takes_its_share_of_the_queue_not_all_of_it() -> None:
     batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=2, ahead=0)
 
     async def body() -> None:
-        backend.gate.clear()
-        first = asyncio.ensure_future(batcher.submit([0], [0], 5.0))
-        await _until(lambda: batcher.running == 1)
+        first = await _hold_worker(batcher, backend, 0)
         many = asyncio.ensure_future(batcher.submit(list(range(1, 21)), [0] * 20, 5.0))
         await _until(lambda: batcher.running == 2)
         assert batcher.depth == 10  # the idle worker took half of the 20, not all of them
@@ -254,9 +257,7 @@ def test_a_failing_request_does_not_fail_the_others_in_its_batch() -> None:
     batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, ahead=0, on_model_error=faults.append)
 
     async def body() -> list[Any]:
-        backend.gate.clear()  # hold the worker so the three requests queue up and share a batch
-        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
-        await _until(lambda: batcher.running == 1)
+        first = await _hold_worker(batcher, backend)  # so the three requests queue up and share a batch
         shared = [
             asyncio.ensure_future(batcher.submit(items, [0] * len(items), 5.0)) for items in ([11, 12], [13], [14])
         ]
@@ -290,9 +291,7 @@ def test_a_fault_that_does_not_repeat_fails_nobody() -> None:
     batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, ahead=0, on_model_error=faults.append)
 
     async def body() -> list[Any]:
-        backend.gate.clear()
-        first = asyncio.ensure_future(batcher.submit([1], [0], 5.0))
-        await _until(lambda: batcher.running == 1)
+        first = await _hold_worker(batcher, backend)
         shared = [asyncio.ensure_future(batcher.submit([n], [0], 5.0)) for n in (2, 3)]
         await _until(lambda: batcher.depth == 2)
         backend.gate.set()
