@@ -33,7 +33,8 @@ running the backend.
   is idle and work is queued, unless `max_batch_delay_ms` asks it to let a small batch fill (a
   timer re-runs it); on CPU, measured, waiting only adds latency (docs/serving.md).
 - Adaptive parallelism: with a `lone_backend` (the same model in a session with more intra-op
-  threads), a batch that would run alone (no other batch running, nothing left queued) runs on it
+  threads), a batch that would run alone (no other batch running, nothing left queued, no other
+  request on its way in: its body being read, decoded or tokenized) runs on it
   and uses every core; under load the workers run one-thread calls side by side. Switching is a
   per-batch choice at dispatch: no request waits for it, and a request arriving while a lone
   batch runs goes to the next idle worker at once (the cores are briefly shared).
@@ -273,16 +274,17 @@ class Batcher:
         `budget_s` left that could not finish: called before its body is read, so a flood is
         answered without reading it. An admitted one is `expected` under `key` until it is
         submitted (its body read and tokenized meanwhile) or `forget`: requests arriving together
-        count each other's work."""
-        if not (self.admission and self.times.ready):
-            return
+        count each other's work, and a batch is not run alone (on every core) while others are on
+        their way in (with admission off too: their work is then counted as 0 s)."""
         now = self.clock()
-        seconds = self._seconds(cost)
+        judged = self.admission and self.times.ready
+        seconds = self._seconds(cost) if judged else 0.0
         new = Planned(fast=seconds <= self.fast_s, deadline=now + budget_s, arrival=now, seconds=seconds, cost=cost)
-        capacity = self._capacity(new.fast)
-        verdict = admit(new, self._planned(), now, capacity, self._running_seconds(), self.expected.values())
-        if not verdict.admitted:
-            self._refuse(verdict, budget_s, "before its body was read")
+        if judged:
+            capacity = self._capacity(new.fast)
+            verdict = admit(new, self._planned(), now, capacity, self._running_seconds(), self.expected.values())
+            if not verdict.admitted:
+                self._refuse(verdict, budget_s, "before its body was read")
         if key is not None:
             self.expected[key] = new
 
@@ -480,7 +482,10 @@ class Batcher:
                 return  # a timer looks again when the oldest item's delay is over
             alone = self.running == 0
             batch, cost = self._cut(bucket)
-            lone = self.lone_backend is not None and alone and not self.depth
+            # alone: nothing else running, queued or on its way in (a request whose body is being
+            # read or decoded: under load at c=50, 8 % of image batches ran "alone" on both cores
+            # beside the decode threads, a spinning intra-op thread taking a third of a core)
+            lone = self.lone_backend is not None and alone and not self.depth and not self.expected
             self.lone_batches += lone
             self.running += 1
             job = Job(bucket, batch, self.clock(), lone, cost)

@@ -640,3 +640,22 @@ def test_a_request_that_leaves_work_queued_does_not_run_alone() -> None:
     rows = run(_with(batcher, batcher.submit([1, 2], [0, 1], 5.0)))
     assert [int(r[0]) for r in rows] == [1, 2]
     assert lone.batches == [] and sorted(workers.batches) == [[1], [2]]
+
+
+def test_a_batch_does_not_run_alone_while_another_request_is_on_its_way_in() -> None:
+    """A request whose body is still being read or decoded (prechecked, not yet submitted) will
+    want a worker: the batch running meanwhile stays on the one-thread workers instead of taking
+    every core. Once that request is forgotten (answered elsewhere, refused), batches run alone
+    again. Admission is off here (no batch timed yet): the arrival is still counted."""
+    workers, lone = RecordingBackend(), RecordingBackend()
+    batcher = Batcher(workers, max_batch_size=32, max_queue_size=100, workers=2, lone_backend=lone)
+
+    async def body() -> None:
+        batcher.precheck(5.0, cost=1.0, key="reading")
+        await batcher.submit([1], [0], 5.0)
+        batcher.forget("reading")
+        await batcher.submit([2], [0], 5.0)
+
+    run(_with(batcher, body()))
+    assert workers.batches == [[1]] and lone.batches == [[2]]
+    assert batcher.lone_batches == 1
