@@ -659,3 +659,68 @@ def test_a_batch_does_not_run_alone_while_another_request_is_on_its_way_in() -> 
     run(_with(batcher, body()))
     assert workers.batches == [[1]] and lone.batches == [[2]]
     assert batcher.lone_batches == 1
+
+
+def test_admissions_shortcut_never_admits_what_the_full_check_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission first tries a shortcut (all queued work at its most, against the earliest
+    deadline) before estimating and ordering each queued request. Over queues of mixed sizes and
+    deadlines, and new requests from tiny to too large, it decides exactly as the full check, and
+    the shortcut is what decides the easy cases."""
+    import random
+
+    import ortpack.serving.batcher as batcher_module
+    from ortpack.serving.admission import Planned, admit
+
+    full_checks = 0
+
+    def counted(*args: Any) -> Any:
+        nonlocal full_checks
+        full_checks += 1
+        return admit(*args)
+
+    monkeypatch.setattr(batcher_module, "admit", counted)
+    backend = RecordingBackend()
+    batcher = Batcher(backend, max_batch_size=4, max_queue_size=10_000, workers=2, cost=float, ahead=0)
+    for cost in (1.0, 2.0, 4.0, 8.0, 3.0, 5.0):
+        batcher.times.observe(cost, 0.002 + 0.001 * cost, warm_up=True)
+    rng = random.Random(7)
+    decided = shortcuts = 0
+
+    async def body() -> None:
+        nonlocal decided, shortcuts
+        held = await _hold_worker(batcher, backend)
+        held2 = asyncio.ensure_future(batcher.submit([1.0], [0], 5.0))
+        waiting = []
+        for _ in range(40):  # queued: 1-12 items of cost 1-8, deadlines 0.3-5 s
+            n = rng.randint(1, 12)
+            items = [float(rng.randint(1, 8)) for _ in range(n)]
+            waiting.append(asyncio.ensure_future(batcher.submit(items, [0] * n, rng.uniform(0.3, 5.0))))
+            await asyncio.sleep(0)
+            for _ in range(25):
+                fast = rng.random() < 0.3
+                new = Planned(
+                    fast=fast,
+                    deadline=batcher.clock() + rng.uniform(0.05, 6.0),
+                    arrival=batcher.clock(),
+                    seconds=rng.choice((0.001, 0.01, 0.05, 0.2, 1.0)),
+                )
+                now = batcher.clock()
+                full = admit(
+                    new,
+                    batcher._planned(),
+                    now,
+                    batcher._capacity(fast),
+                    batcher._running_seconds(),
+                    batcher.expected.values(),
+                )
+                checks = full_checks
+                quick = batcher._admit(new, now)
+                decided += 1
+                shortcuts += full_checks == checks
+                if full.admitted != quick.admitted:
+                    raise AssertionError(f"{new}: full {full}, shortcut {quick}")
+        backend.gate.set()
+        await asyncio.gather(held, held2, *waiting, return_exceptions=True)
+
+    run(_with(batcher, body()))
+    assert decided == 1000 and 100 < shortcuts < 1000, shortcuts  # both paths were taken
