@@ -1,20 +1,22 @@
-"""Image serving benchmark: a naive PyTorch + FastAPI classifier and ortpack's server, one run.
+"""Image serving benchmark: a naive PyTorch server, a simple ONNX Runtime one and ortpack's, one run.
 
     python bench/image_serve.py [--bundle dist/mobilenet_v3_small] [--seconds 10]
     python bench/image_serve.py --bundle dist/efficientnet-lite0 \
         --model examples.efficientnet_lite:efficientnet_lite0 --weights W.pth
 
-Both serve the bundle's model with the same weights: by default MobileNetV3-small with random
-weights made non-degenerate (built if missing); with --model, the model the bundle was built from
-(the naive server takes the bundle's preprocessing from its manifest). The workload is the published
-one: the same ~400 KB 1280x960 JPEG posted as base64 JSON to /v1/classify/json, closed loop (wrk)
-at concurrency 1, 8 and 50, after a discarded warm-up run; for ortpack also the raw bytes to
-/v1/classify. Servers: the naive one, ortpack with its default decode (what the bundle's parity
-gate validated) and ortpack with `--decode exact`. Reported: requests/s, p50/p99, errors, peak RSS
-of the server's process tree, CPU per request, cold start; the CPU of one request split into its
-stages (JSON, base64, decode, graph preprocessing and network, the rest: HTTP, routing, queue),
-and the offline bound (decode + graph per image, no HTTP, two threads). Writes
-bench/results/image_serve.json. If the bundle is missing it is built first (`ortpack build`).
+Every server serves the bundle's model with the same weights: by default MobileNetV3-small with
+random weights made non-degenerate (built if missing); with --model, the model the bundle was built
+from (the naive server takes the bundle's preprocessing from its manifest; the simple one runs its
+graph). The workload is the published one: the same ~400 KB 1280x960 JPEG posted as base64 JSON to
+/v1/classify/json, closed loop (wrk) at concurrency 1, 8 and 50, after a discarded warm-up run; for
+ortpack also the raw bytes to /v1/classify. Servers: the naive one, a simple FastAPI + ONNX Runtime
+one on the same graph (bench/baselines/simple_ort_image.py), ortpack with its default decode (what
+the bundle's parity gate validated) and ortpack with `--decode exact`. Reported: requests/s,
+p50/p99, errors, peak RSS of the server's process tree, CPU per request, cold start; the CPU of one
+request split into its stages (JSON, base64, decode, graph preprocessing and network, the rest:
+HTTP, routing, queue), and the offline bound (decode + graph per image, no HTTP, two threads) with
+each served c=50 figure's share of it. Writes bench/results/image_serve.json. If the bundle is
+missing it is built first (`ortpack build`).
 """
 
 from __future__ import annotations
@@ -273,6 +275,18 @@ def main() -> int:
                 raw=False,
             )
         )
+        port = free_port()
+        results["servers"].append(
+            bench(
+                "simple ort",
+                [*uvicorn, "--no-access-log", "--port", str(port), "bench.baselines.simple_ort_image:app"],
+                {"BUNDLE": str(bundle), "VARIANT": results["stages"]["variant"]},
+                port,
+                files,
+                args.seconds,
+                raw=False,
+            )
+        )
         for name, extra in (("ortpack", []), ("ortpack --decode exact", ["--decode", "exact"])):
             port = free_port()
             command = [sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle), "--port", str(port)]
@@ -318,18 +332,30 @@ def report(results: dict[str, Any], seconds: float) -> None:
     )
     print(runs_table(results["servers"]))
     runs = {(s["server"], r["workload"], r["concurrency"]): r for s in results["servers"] for r in s["runs"]}
-    ratios = [["workload", "conc.", "default vs naive", "exact vs naive", "p99 ms: naive / default / exact"]]
+    ratios = [
+        [
+            "workload",
+            "conc.",
+            "default vs naive",
+            "exact vs naive",
+            "default vs simple ort",
+            "exact vs simple ort",
+            "p99 ms: naive / simple / default / exact",
+        ]
+    ]
     for workload in ("base64 JSON", "raw bytes"):
         for c in CONCURRENCY:
-            naive = runs[("naive pytorch", "base64 JSON", c)]
+            naive, simple = runs[("naive pytorch", "base64 JSON", c)], runs[("simple ort", "base64 JSON", c)]
             ours, exact = runs[("ortpack", workload, c)], runs[("ortpack --decode exact", workload, c)]
             ratios.append(
                 [
-                    workload + ("" if workload == "base64 JSON" else " (naive: JSON)"),
+                    workload + ("" if workload == "base64 JSON" else " (others: JSON)"),
                     str(c),
-                    f"{ours['requests_per_s'] / naive['requests_per_s']:.1f}x",
-                    f"{exact['requests_per_s'] / naive['requests_per_s']:.1f}x",
-                    f"{naive['p99_ms']:.0f} / {ours['p99_ms']:.0f} / {exact['p99_ms']:.0f}",
+                    *(
+                        f"{a['requests_per_s'] / b['requests_per_s']:.2f}x"
+                        for a, b in ((ours, naive), (exact, naive), (ours, simple), (exact, simple))
+                    ),
+                    f"{naive['p99_ms']:.0f} / {simple['p99_ms']:.0f} / {ours['p99_ms']:.0f} / {exact['p99_ms']:.0f}",
                 ]
             )
     results["ratios"] = ratios
@@ -368,6 +394,13 @@ def report(results: dict[str, Any], seconds: float) -> None:
     results["cpu_split"] = split
     print(f"\nvariant {stages['variant']}, default decode: {stages['default_decode']}")
     print(table(split))
+    shares = [["served at c=50 / offline bound", "default decode", "exact decode"]]
+    for workload in ("base64 JSON", "raw bytes"):
+        served = [runs[(server, workload, 50)]["requests_per_s"] for server in ("ortpack", "ortpack --decode exact")]
+        bounds = [stages["offline bound default"], stages["offline bound exact"]]
+        shares.append([workload, *(f"{s / b:.0%} ({s:.0f} of {b:.0f}/s)" for s, b in zip(served, bounds, strict=True))])
+    results["shares"] = shares
+    print("\n" + table(shares))
     print("\n" + cold_start_table(results["servers"]))
 
 
