@@ -354,7 +354,10 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
     label = spec.metric_label
     timeout_s = config.request_timeout_ms / 1000.0
     logging_access = config.access_log
-    stages: dict[str, Any] = {}  # the stage histogram's series for this route, made on first use
+    # this route's series, made on first use (a route never asked does not show in the exposition)
+    stages: dict[str, Any] = {}  # of the stage histogram
+    answered: dict[int, Any] = {}  # of the requests counter, by status
+    latency: list[Any] = []  # of the latency histogram
 
     async def run(request: Request) -> Response:
         started = time.perf_counter()
@@ -398,8 +401,13 @@ def endpoint(spec: RouteSpec, config: ServeConfig, metrics: Metrics) -> Handler:
             headers["x-queue-time"] = _ms(ctx.queue_s)
             headers["x-inference-time"] = _ms(ctx.inference_s)
         ended = time.perf_counter()
-        metrics.requests.labels(route=label, status=str(status)).inc()
-        metrics.latency.labels(route=label).observe(ended - started)
+        counter = answered.get(status)
+        if counter is None:
+            counter = answered[status] = metrics.requests.labels(route=label, status=str(status))
+        counter.inc()
+        if not latency:
+            latency.append(metrics.latency.labels(route=label))
+        latency[0].observe(ended - started)
         if status == 200 and (parts := breakdown(ctx, ended - arrival)) is not None:
             if not stages:
                 stages.update(metrics.stage_observers(label))

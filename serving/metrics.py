@@ -3,10 +3,14 @@ they double the exposition and no dashboard reads them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from ortpack.kernel.probe import ProbeResult
 from ortpack.serving.batcher import BatchStats
@@ -19,6 +23,55 @@ _STAGE = (
 )  # fmt: skip
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _RATIO = (1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 8)
+
+
+class LoopHistogram:
+    """A labelled histogram observed on the event loop alone: plain counts found by bisection, no
+    lock. prometheus_client's Histogram takes two locks and scans its buckets on every
+    observation; the stage histogram has eight per answered request (1.37 against 0.22 µs each, by
+    a microbenchmark). Exposed as prometheus_client exposes its own: cumulative `_bucket` series
+    with `le`, `_count`, `_sum`."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float], registry: Any
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+        self._series: dict[tuple[str, ...], LoopSeries] = {}
+        registry.register(self)
+
+    def labels(self, **labels: str) -> LoopSeries:
+        key = tuple(labels[name] for name in self.labelnames)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = LoopSeries(self.bounds)
+        return series
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, series in list(self._series.items()):
+            cumulative = list(itertools.accumulate(list(series.counts)))
+            les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+            family.add_metric(list(key), list(zip(les, cumulative, strict=True)), series.sum)
+        yield family
+
+
+class LoopSeries:
+    """One label set of a `LoopHistogram`: its count per bucket (the last: above every bound)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # `le`: a value on a bound counts in it
+        self.sum += value
 
 
 class Metrics:
@@ -50,14 +103,14 @@ class Metrics:
             ["threads"],
             registry=r,
         )
-        self.stages = Histogram(
+        self.stages = LoopHistogram(  # observed by serving/http.py's `endpoint`, on the event loop
             "ortpack_request_stage_seconds",
             "where an answered inference request's time went, by route and stage: "
             + ", ".join(STAGES)
             + " (serving/stages.py; the stages add up to total)",
             ["route", "stage"],
-            buckets=_STAGE,
-            registry=r,
+            _STAGE,
+            r,
         )
         self.rejections = Counter(
             "ortpack_rejections_total",
