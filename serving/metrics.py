@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -38,6 +38,8 @@ class LoopHistogram:
         self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets)
         self._series: dict[tuple[str, ...], LoopSeries] = {}
+        if not self.labelnames:  # shown from the start, at zero, as prometheus_client shows one
+            self.observe = self.labels().observe
         registry.register(self)
 
     def labels(self, **labels: str) -> LoopSeries:
@@ -82,19 +84,21 @@ class Metrics:
         self.requests = Counter(
             "ortpack_requests_total", "HTTP requests by route and status", ["route", "status"], registry=r
         )
-        self.latency = Histogram(
-            "ortpack_request_duration_seconds", "HTTP request latency by route", ["route"], buckets=_LATENCY, registry=r
+        # the histograms are observed on the event loop (serving/http.py's `endpoint`; the batcher's
+        # `on_batch`, `observe_batch` below): LoopHistogram, no lock
+        self.latency = LoopHistogram(
+            "ortpack_request_duration_seconds", "HTTP request latency by route", ["route"], _LATENCY, r
         )
         self.queue_depth = Gauge("ortpack_queue_depth", "items waiting for the model", registry=r)
-        self.batch_size = Histogram("ortpack_batch_size", "items per model call", buckets=_BATCH, registry=r)
-        self.padding_ratio = Histogram(
-            "ortpack_padding_ratio", "padded tokens / real tokens per model call (texts)", buckets=_RATIO, registry=r
+        self.batch_size = LoopHistogram("ortpack_batch_size", "items per model call", [], _BATCH, r)
+        self.padding_ratio = LoopHistogram(
+            "ortpack_padding_ratio", "padded tokens / real tokens per model call (texts)", [], _RATIO, r
         )
-        self.inference = Histogram(
-            "ortpack_inference_duration_seconds", "model call time by bucket", ["bucket"], buckets=_LATENCY, registry=r
+        self.inference = LoopHistogram(
+            "ortpack_inference_duration_seconds", "model call time by bucket", ["bucket"], _LATENCY, r
         )
-        self.queue_wait = Histogram(
-            "ortpack_queue_wait_seconds", "time the oldest item of a batch waited", buckets=_LATENCY, registry=r
+        self.queue_wait = LoopHistogram(
+            "ortpack_queue_wait_seconds", "time the oldest item of a batch waited", [], _LATENCY, r
         )
         self.items = Counter("ortpack_items_total", "items (texts, images) answered", registry=r)
         self.model_calls = Counter(

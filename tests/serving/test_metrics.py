@@ -22,3 +22,17 @@ def test_the_loop_histogram_is_exposed_as_prometheus_clients_own() -> None:
         loop.labels(**labels).observe(value)
     assert generate_latest(ours).decode().splitlines() == generate_latest(theirs).decode().splitlines()
     assert 'h_seconds_bucket{le="+Inf",route="/v1/x",stage="read"} 8.0' in generate_latest(ours).decode()
+
+
+def test_an_unlabelled_loop_histogram_is_shown_from_the_start() -> None:
+    """Without labels, the series is exposed at zero before any observation, as prometheus_client
+    exposes its own, and observed directly."""
+    disable_created_metrics()
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    reference = Histogram("batch_size", "doc", buckets=(1, 2, 4), registry=theirs)
+    loop = LoopHistogram("batch_size", "doc", [], (1, 2, 4), ours)
+    assert generate_latest(ours) == generate_latest(theirs)
+    for value in (1, 3, 8):
+        reference.observe(value)
+        loop.observe(value)
+    assert generate_latest(ours) == generate_latest(theirs)
