@@ -14,8 +14,9 @@ one on the same graph (bench/baselines/simple_ort_image.py), ortpack with its de
 the bundle's parity gate validated) and ortpack with `--decode exact`. Reported: requests/s,
 p50/p99, errors, peak RSS of the server's process tree, CPU per request, cold start; the CPU of one
 request split into its stages (JSON, base64, decode, graph preprocessing and network, the rest:
-HTTP, routing, queue), and the offline bound (decode + graph per image, no HTTP, two threads) with
-each served c=50 figure's share of it. Writes bench/results/image_serve.json. If the bundle is
+HTTP, routing, queue), and the offline bound (decode + graph per image, no HTTP, two threads;
+measured before and after the servers, the higher taken) with each served c=50 figure's share of
+it. Writes bench/results/image_serve.json. If the bundle is
 missing it is built first (`ortpack build`).
 """
 
@@ -204,6 +205,26 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
     return costs
 
 
+def image_bounds(bundle: Path, jpeg: bytes) -> dict[str, float]:
+    """The offline bound of each decode ("default", "exact"), as `stage_costs` measures it."""
+    import onnxruntime as ort
+
+    from ortpack.kernel.bundle import read_manifest
+    from ortpack.kernel.images import ImageDecoder, choose_decoder
+    from ortpack.kernel.runtime import serving_session
+    from ortpack.kernel.selection import choose_variant
+
+    manifest = read_manifest(bundle)
+    variant = choose_variant(manifest, "auto", ort.get_available_providers(), this_machine())
+    session, _ = serving_session((bundle / variant.file).read_bytes(), variant, intra_op_threads=1)
+    preprocessing = manifest.task_settings.preprocessing  # type: ignore[attr-defined]
+    default, _ = choose_decoder(preprocessing, variant, "auto", 40_000_000, manifest.name)
+    return {
+        "default": offline_bound(default, session, jpeg),
+        "exact": offline_bound(ImageDecoder(40_000_000), session, jpeg),
+    }
+
+
 def offline_bound(decoder: Any, session: Any, jpeg: bytes, seconds: float = 4.0) -> float:
     """Images per second: decode + graph at batch 1 on two threads, nothing else."""
 
@@ -292,6 +313,13 @@ def main() -> int:
             command = [sys.executable, "-m", "ortpack.serving", "--bundle", str(bundle), "--port", str(port)]
             command += ["--log-level", "warning", *extra]
             results["servers"].append(bench(name, command, {}, port, files, args.seconds, raw=True))
+        # the bound again after the servers (a shared machine's speed drifts within a run): each
+        # decode's share is against the higher of the two
+        again = image_bounds(bundle, jpeg)
+        for mode, value in again.items():
+            key = f"offline bound {mode}"
+            results["stages"][f"{key} runs"] = [results["stages"][key], value]
+            results["stages"][key] = max(results["stages"][key], value)
     report(results, args.seconds)
     write_results(args.out, results)
     return 0
@@ -321,6 +349,12 @@ def runs_table(servers: list[dict[str, Any]], workload: bool = True) -> str:
                 ]
             )
     return table(rows)
+
+
+def bound_cell(stages: dict[str, Any], mode: str) -> str:
+    """The bound taken, then the two measures (before / after the servers)."""
+    runs = " / ".join(f"{v:.0f}" for v in stages[f"offline bound {mode} runs"])
+    return f"{stages[f'offline bound {mode}']:.0f} ({runs})"
 
 
 def report(results: dict[str, Any], seconds: float) -> None:
@@ -386,9 +420,8 @@ def report(results: dict[str, Any], seconds: float) -> None:
     )
     split.append(
         [
-            "offline bound, images/s (decode + graph, 2 threads)",
-            f"{stages['offline bound default']:.0f}",
-            f"{stages['offline bound exact']:.0f}",
+            "offline bound, images/s (decode + graph, 2 threads; the higher of before and after the servers)",
+            *(bound_cell(stages, mode) for mode in ("default", "exact")),
         ]
     )
     results["cpu_split"] = split
