@@ -169,25 +169,34 @@ def graph_split(model: Path, variant: Any, image: Any, runs: int = 30) -> dict[s
     return {key: value / 1000 / runs for key, value in total.items()}
 
 
-def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
-    """Offline CPU per request in each stage, for the variant `--variant auto` serves: JSON parse,
-    base64, decode (exact and the bundle's default), the graph split into preprocessing and
-    network (for the image each decode gives); and the offline bound: decode + graph per image on
-    two threads (the server's model workers), no HTTP, images per second."""
+def served_graph(bundle: Path) -> tuple[Any, Any, dict[str, Any], str]:
+    """What `--variant auto` serves, as the server opens it: (the variant, its session with one
+    thread, the decoders by mode: "exact" and the bundle's "default", why the default is what it is)."""
     import onnxruntime as ort
-    import orjson
 
     from ortpack.kernel.bundle import read_manifest
-    from ortpack.kernel.images import ImageDecoder, choose_decoder, decode_base64
+    from ortpack.kernel.images import ImageDecoder, choose_decoder
     from ortpack.kernel.runtime import serving_session
     from ortpack.kernel.selection import choose_variant
 
     manifest = read_manifest(bundle)
     variant = choose_variant(manifest, "auto", ort.get_available_providers(), this_machine())
     session, _ = serving_session((bundle / variant.file).read_bytes(), variant, intra_op_threads=1)
-    decoders = {"exact": ImageDecoder(40_000_000)}
-    default, why = choose_decoder(manifest.task_settings.preprocessing, variant, "auto", 40_000_000, manifest.name)
-    decoders["default"] = default
+    preprocessing = manifest.task_settings.preprocessing  # type: ignore[attr-defined]
+    default, why = choose_decoder(preprocessing, variant, "auto", 40_000_000, manifest.name)
+    return variant, session, {"exact": ImageDecoder(40_000_000), "default": default}, why
+
+
+def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
+    """Offline CPU per request in each stage, for the variant `--variant auto` serves: JSON parse,
+    base64, decode (exact and the bundle's default), the graph split into preprocessing and
+    network (for the image each decode gives); and the offline bound: decode + graph per image on
+    two threads (the server's model workers), no HTTP, images per second."""
+    import orjson
+
+    from ortpack.kernel.images import decode_base64
+
+    variant, session, decoders, why = served_graph(bundle)
     text = orjson.loads(body)["image"]
     costs: dict[str, Any] = {"variant": variant.id, "default_decode": why}
     costs["json parse"] = per_call_ms(lambda: orjson.loads(body), 200)
@@ -207,22 +216,8 @@ def stage_costs(bundle: Path, jpeg: bytes, body: bytes) -> dict[str, Any]:
 
 def image_bounds(bundle: Path, jpeg: bytes) -> dict[str, float]:
     """The offline bound of each decode ("default", "exact"), as `stage_costs` measures it."""
-    import onnxruntime as ort
-
-    from ortpack.kernel.bundle import read_manifest
-    from ortpack.kernel.images import ImageDecoder, choose_decoder
-    from ortpack.kernel.runtime import serving_session
-    from ortpack.kernel.selection import choose_variant
-
-    manifest = read_manifest(bundle)
-    variant = choose_variant(manifest, "auto", ort.get_available_providers(), this_machine())
-    session, _ = serving_session((bundle / variant.file).read_bytes(), variant, intra_op_threads=1)
-    preprocessing = manifest.task_settings.preprocessing  # type: ignore[attr-defined]
-    default, _ = choose_decoder(preprocessing, variant, "auto", 40_000_000, manifest.name)
-    return {
-        "default": offline_bound(default, session, jpeg),
-        "exact": offline_bound(ImageDecoder(40_000_000), session, jpeg),
-    }
+    _, session, decoders, _ = served_graph(bundle)
+    return {mode: offline_bound(decoder, session, jpeg) for mode, decoder in decoders.items()}
 
 
 def offline_bound(decoder: Any, session: Any, jpeg: bytes, seconds: float = 4.0) -> float:
