@@ -94,8 +94,8 @@ class ExactRoutes:
     path) and their handler called at once; everything else (a path parameter, HEAD, a trailing
     slash, 404 and 405, the lifespan) goes through Starlette. Every handler is `endpoint`'s
     (serving/http.py), which answers every error itself in the JSON shape, so Starlette's error
-    middleware and router have nothing to add on these paths: skipped, they cost the event loop
-    ~7 % of its time per one-sentence request (py-spy under load)."""
+    middleware and router have nothing to add on these paths: they cost the event loop ~9 µs per
+    request (a `GET /v2/health/live` in-process: 19-22 µs through here, 28-30 through Starlette)."""
 
     def __init__(self, app: Starlette, handlers: dict[tuple[str, str], Handler]) -> None:
         self.app = app

@@ -294,8 +294,8 @@ class Batcher:
     def _admit(self, new: Planned, now: float) -> Verdict:
         """`admit` (ortpack.serving.admission) of `new` against the requests queued, cut ahead,
         running and on their way in. First a shortcut, without estimating and ordering each queued
-        request (at c=50 that was a twelfth of the event loop's time, and it grows with the
-        queue): all that work counted at its most (every queued item a batch of its own) and
+        request (that takes 56 µs of the event loop with 48 queued, 517 µs with 498; the shortcut
+        19 and 89 µs): all that work counted at its most (every queued item a batch of its own) and
         `new`'s, finished within `SAFETY` of the earliest deadline among them, means every request
         finishes in time whatever the order, so `admit` would let it in."""
         capacity = self._capacity(new.fast)
