@@ -12,21 +12,18 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from fastapi import FastAPI
 from pydantic import BaseModel
 from tokenizers import Tokenizer
+
+from bench.baselines.plain_session import plain_session
 
 BUNDLE = Path(os.environ.get("BUNDLE", "dist/all-MiniLM-L6-v2"))
 VARIANT = os.environ.get("VARIANT", "cpu-int8")
 tokenizer = Tokenizer.from_file(str(BUNDLE / "tokenizer.json"))
 tokenizer.enable_truncation(256)
 tokenizer.enable_padding()
-options = ort.SessionOptions()
-options.intra_op_num_threads = int(os.environ.get("THREADS", "1"))
-session = ort.InferenceSession(
-    str(BUNDLE / "variants" / VARIANT / "model.onnx"), options, providers=["CPUExecutionProvider"]
-)
+session = plain_session(BUNDLE, VARIANT)
 app = FastAPI()
 
 

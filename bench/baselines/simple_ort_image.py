@@ -17,20 +17,17 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from fastapi import FastAPI
 from PIL import Image
 from pydantic import BaseModel
+
+from bench.baselines.plain_session import plain_session
 
 BUNDLE = Path(os.environ.get("BUNDLE", "dist/mobilenet_v3_small"))
 VARIANT = os.environ.get("VARIANT", "cpu-fp32")
 manifest = json.loads((BUNDLE / "manifest.json").read_text())
 labels = manifest["task_settings"].get("labels") or [f"class_{i}" for i in range(1000)]
-options = ort.SessionOptions()
-options.intra_op_num_threads = int(os.environ.get("THREADS", "1"))
-session = ort.InferenceSession(
-    str(BUNDLE / "variants" / VARIANT / "model.onnx"), options, providers=["CPUExecutionProvider"]
-)
+session = plain_session(BUNDLE, VARIANT)
 app = FastAPI()
 
 
