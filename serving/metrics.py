@@ -37,6 +37,7 @@ class LoopHistogram:
     ) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets)
+        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # the buckets' `le`, as exposed
         self._series: dict[tuple[str, ...], LoopSeries] = {}
         if not self.labelnames:  # shown from the start, at zero, as prometheus_client shows one
             self.observe = self.labels().observe
@@ -56,8 +57,7 @@ class LoopHistogram:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for key, series in list(self._series.items()):
             cumulative = list(itertools.accumulate(list(series.counts)))
-            les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
-            family.add_metric(list(key), list(zip(les, cumulative, strict=True)), series.sum)
+            family.add_metric(list(key), list(zip(self._les, cumulative, strict=True)), series.sum)
         yield family
 
 
