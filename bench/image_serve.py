@@ -16,8 +16,8 @@ p50/p99, errors, peak RSS of the server's process tree, CPU per request, cold st
 request split into its stages (JSON, base64, decode, graph preprocessing and network, the rest:
 HTTP, routing, queue), and the offline bound (decode + graph per image, no HTTP, two threads;
 measured before and after the servers, the higher taken) with each served c=50 figure's share of
-it. Writes bench/results/image_serve.json. If the bundle is
-missing it is built first (`ortpack build`).
+it. Writes bench/results/image_serve.json. If the bundle is missing it is built first (`ortpack
+build`).
 """
 
 from __future__ import annotations
