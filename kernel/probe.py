@@ -142,11 +142,13 @@ class ProbeResult:
         }
 
 
-def run_probe(probe: Probe, engine: Engine, threads: int = 1) -> list[Item]:
+def run_probe(probe: Probe, engine: Engine, threads: int = 1, payloads: Sequence[Any] | None = None) -> list[Item]:
     """The variant's outputs for the probe: the engine turns inputs into payloads the way a server
     does (tokenize, decode) and runs each at batch 1, from `threads` threads at once (a server's
-    workers: each item is what one call alone gives)."""
-    payloads = engine.probe_payloads(probe.inputs)
+    workers: each item is what one call alone gives). `payloads`: the inputs already turned into
+    this engine's payloads (a server does it while the session opens)."""
+    if payloads is None:
+        payloads = engine.probe_payloads(probe.inputs)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ortpack-probe") as pool:
         return [items[0] for items in pool.map(lambda payload: engine.run([payload]), payloads)]
 
@@ -162,11 +164,12 @@ def check_probe(
     provider: str,
     hardware: dict[str, Any] | None = None,
     threads: int = 1,
+    payloads: Sequence[Any] | None = None,
 ) -> ProbeResult:
     """Run the probe through the engine and gate its numbers (`metrics`: the task's comparison of
     PyTorch's items and the variant's) with the variant's thresholds (`gates`: its task's table),
     those it can measure: the preprocessing pixel check needs the build's graphs and is not
-    repeated here. `threads`: see `run_probe`."""
+    repeated here. `threads`, `payloads`: see `run_probe`."""
     started = time.perf_counter()
 
     def result(values: dict[str, float], misses: list[str]) -> ProbeResult:
@@ -181,7 +184,7 @@ def check_probe(
         )
 
     try:
-        outputs = run_probe(probe, engine, threads)
+        outputs = run_probe(probe, engine, threads, payloads)
     except Exception as exc:  # noqa: BLE001 - a variant that cannot run here misses, with the reason
         return result({}, [f"cannot run the probe: {type(exc).__name__}: {one_line(exc, 200)}"])
     misses: list[str] = []

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from ortpack.kernel.engines import get_engine, open_engine
 from ortpack.kernel.hardware import HardwareInfo, this_machine
 from ortpack.kernel.policy import admit, parse_requirements
 from ortpack.kernel.probe import Probe, ProbeResult, check_probe
-from ortpack.kernel.runtime import serving_session
+from ortpack.kernel.runtime import SessionPlan, plan_for, serving_session
 from ortpack.kernel.selection import candidate_variants
 from ortpack.serving import context
 from ortpack.serving.batcher import Batcher
@@ -347,14 +347,17 @@ def load_service(
         with timeline.phase("verify"):
             verify_bundle(bundle_dir, [f for f in manifest.files if f not in first], known)
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortpack-verify") as pool:
+    # the other files are checked on one thread; the first candidate's bytes are read, hashed and
+    # opened on another while this one reads the probe set and decodes its inputs
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ortpack-bundle") as pool:
         others = pool.submit(verify_others)
         began = timeline.now()  # the first session's phase counts reading the shared files
+        opening = pool.submit(_session, bundle_dir, manifest, candidates[0], config)
         files = {rel: read_verified(bundle_dir, manifest, rel) for rel in shared}
         names = [o.name for o in manifest.signature.outputs]
         probe = Probe.from_bytes(files[manifest.probe.file], names) if manifest.probe is not None else None
         service, batching, rejected = _first_passing(
-            bundle_dir, manifest, candidates, files, probe, config, metrics, timeline, began
+            bundle_dir, manifest, candidates, files, probe, config, metrics, timeline, began, pool, opening
         )
         others.result()  # a tampered file anywhere refuses the start
     if service is None or (service.node_check is None and probe is not None):
@@ -389,26 +392,32 @@ def _first_passing(
     metrics: Metrics,
     timeline: Timeline,
     began: float,
+    pool: ThreadPoolExecutor,
+    opening: Future[Opened],
 ) -> tuple[ModelService | None, str, list[ProbeResult]]:
     """Open the candidates in order from their verified bytes and re-check each on this node with
     the probe set; (the first that passes, or the last opened when there is no probe set, or
     None; its batching; the node checks that missed). Only `--variant auto` goes on to the next
-    candidate after a miss."""
+    candidate after a miss. Each candidate's session opens on `pool` (`_session`; the first's is
+    `opening`, on its way) while this thread decodes or tokenizes the probe's inputs with an engine
+    that gets the session once it is open."""
     hardware = this_machine()
     rejected: list[ProbeResult] = []
     batching = ""
     for variant in candidates:
-        model = read_verified(bundle_dir, manifest, variant.file)
-        service, batching = _open(manifest, variant, model, files, config, metrics)
+        if variant is not candidates[0]:
+            opening = pool.submit(_session, bundle_dir, manifest, variant, config)
+        engine = _engine(manifest, variant, files, config)
+        payloads = _probe_payloads(engine, probe)
+        service, batching = _open(manifest, variant, engine, opening, config, metrics)
         timeline.record("session", began)
-        del model
         if probe is None:
             log.warning(
                 "bundle %s has no probe set: variant %s is not re-checked on this node", manifest.name, variant.id
             )
             return service, batching, rejected
         with timeline.phase("node check"):
-            result = _node_check(service, probe, hardware, config.worker_count)
+            result = _node_check(service, probe, payloads, hardware, config.worker_count)
         metrics.observe_probe(result)
         if result.passed:
             service.node_check = result
@@ -454,7 +463,9 @@ def _apply_policy(manifest: Manifest, candidates: list[Variant], config: ServeCo
     return admission.excluded
 
 
-def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo, threads: int) -> ProbeResult:
+def _node_check(
+    service: ModelService, probe: Probe, payloads: list[Any] | None, hardware: HardwareInfo, threads: int
+) -> ProbeResult:
     """The variant's probe check on this node, with its own thresholds from the manifest, spread
     over `threads` (the server's model workers: the cores are otherwise idle meanwhile)."""
     return check_probe(
@@ -467,22 +478,61 @@ def _node_check(service: ModelService, probe: Probe, hardware: HardwareInfo, thr
         provider=service.engine.session.get_providers()[0],
         hardware=hardware.as_dict(),
         threads=threads,
+        payloads=payloads,
     )
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A variant's verified bytes (kept for the lone session) and its serving session."""
+
+    model: bytes
+    session: Any
+    plan: SessionPlan
+
+
+def _session(bundle_dir: Path, manifest: Manifest, variant: Variant, config: ServeConfig) -> Opened:
+    """Read and hash the variant's file and open its session from those bytes (on a pool thread:
+    the hashing and most of the session's optimization release the GIL)."""
+    model = read_verified(bundle_dir, manifest, variant.file)
+    session, plan = serving_session(model, variant, intra_op_threads=config.intra_op_threads)
+    return Opened(model, session, plan)
+
+
+def _engine(manifest: Manifest, variant: Variant, files: dict[str, bytes], config: ServeConfig) -> Engine:
+    """The variant's engine, before its session is open (`Engine.on` gives it the session)."""
+    try:
+        return open_engine(
+            manifest, None, files, variant=variant, options=engine_options(config, plan_for(variant).providers[0])
+        )
+    except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
+        raise BundleError(str(exc)) from None
+
+
+def _probe_payloads(engine: Engine, probe: Probe | None) -> list[Any] | None:
+    """The probe's inputs as this engine's payloads, or None: no probe set, or inputs it cannot
+    take (the node check then tries again and reports why, as a miss)."""
+    if probe is None:
+        return None
+    try:
+        return engine.probe_payloads(probe.inputs)
+    except Exception:  # noqa: BLE001 - reported by the node check
+        return None
 
 
 def _open(
     manifest: Manifest,
     variant: Variant,
-    model: bytes,
-    files: dict[str, bytes],
+    engine: Engine,
+    opening: Future[Opened],
     config: ServeConfig,
     metrics: Metrics,
 ) -> tuple[ModelService, str]:
-    """The loaded model service, and how it batches (for the start-up log line)."""
-    session, plan = serving_session(model, variant, intra_op_threads=config.intra_op_threads)
+    """The loaded model service, once its session is open, and how it batches (for the start-up log line)."""
+    opened = opening.result()
+    model, plan = opened.model, opened.plan
+    engine = engine.on(opened.session)
     try:
-        options = engine_options(config, plan.providers[0])
-        engine = open_engine(manifest, session, files, variant=variant, options=options)
         runtime = get_task(manifest.task).open(
             LoadContext(manifest=manifest, variant=variant, engine=engine, config=config)
         )

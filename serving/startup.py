@@ -10,8 +10,9 @@ with --log-format json; `--log-level debug` adds a line), and bench/cold_start.p
 - `verify`: checking every file the server does not load (other variants, the report); a bundle
   directory's files are hashed from the start (`Prehash`), so this mostly compares digests;
 - `session`: reading and hashing the variant and the shared files, opening its session (the lone
-  session opens after ready);
-- `node check`: replaying the probe set through the variant on this node;
+  session opens after ready); meanwhile the probe set is read and its inputs decoded (or
+  tokenized) by the variant's engine, which gets the session once it is open;
+- `node check`: running the probe's payloads through the variant on this node and gating them;
 - `http imports`: importing the HTTP stack (uvicorn, the app, the routes);
 - `warm-up`: running every bucket shape once;
 - `listen`: building the app, until the port listens.

@@ -300,6 +300,37 @@ def test_server_refuses_an_unvalidated_decode_at_start(image_bundle: Path) -> No
         assert fragment in lines[-1] and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_probe_image_that_does_not_decode_is_a_miss_not_a_crash(image_bundle: Path, tmp_path: Path) -> None:
+    """The server decodes the probe's images while the session opens; one that does not decode
+    still fails the node check with its reason (every candidate tried), not a traceback."""
+    import shutil
+
+    from ortpack.kernel.bundle import sha256_file
+    from ortpack.serving.config import ServeConfig
+    from ortpack.serving.metrics import Metrics
+    from ortpack.serving.service import NodeCheckError, load_service
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(image_bundle, bundle)
+    rel = "probe/probe.npz"
+    with np.load(bundle / rel) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    offsets = arrays["offsets"]
+    data = arrays["data"].copy()
+    data[int(offsets[0]) : int(offsets[1])] = 0  # the first image's bytes zeroed: not a JPEG any more
+    np.savez_compressed(bundle / rel, **{**arrays, "data": data})
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"][rel] = {"sha256": sha256_file(bundle / rel), "bytes": (bundle / rel).stat().st_size}
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    verify_bundle(bundle)
+    with pytest.raises(NodeCheckError) as refused:
+        load_service(bundle, ServeConfig(bundle=str(bundle), warmup=False), Metrics())
+    message = str(refused.value)
+    for variant in manifest["variants"]:
+        assert f"{variant['id']}: " in message, message
+    assert "cannot run the probe" in message and "probe image" in message, message
+
+
 def test_perturbed_image_graph_misses(image_export: Path, tmp_path: Path) -> None:
     import onnx
     from onnx import numpy_helper
