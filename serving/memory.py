@@ -128,6 +128,9 @@ def container_limit() -> int | None:
     return None
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def machine_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -135,13 +138,22 @@ def machine_memory() -> int | None:
         return None
 
 
+_STATM: tuple[int, int] | None = None  # (pid, an open /proc/self/statm of that process)
+
+
 def resident_bytes() -> int:
-    """This process's resident memory now (0 where /proc is missing)."""
+    """This process's resident memory now (0 where /proc is missing). The file stays open and is
+    read again from its start (procfs makes it anew at each read): 1.4 against 18 us a call with
+    pathlib, and under image load it is read at every decoded image's reservation."""
+    global _STATM
+    pid = os.getpid()
     try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        if _STATM is None or _STATM[0] != pid:  # opened after a fork: /proc/self was the parent then
+            _STATM = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+        pages = int(os.pread(_STATM[1], 256, 0).split()[1])
     except (OSError, IndexError, ValueError):
         return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
+    return pages * _PAGE
 
 
 class MemoryBudget:

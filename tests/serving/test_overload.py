@@ -182,6 +182,33 @@ def test_memory_sizes_and_limits() -> None:
     assert expected - held - (64 << 20) < server.limit <= expected - held + (64 << 20)
 
 
+def test_the_resident_size_is_this_processs_now_and_a_forked_childs_own() -> None:
+    """resident_bytes keeps /proc/self/statm open: it still follows the memory, and a child forked
+    after the first read reads its own file, not its parent's."""
+    import os
+
+    def statm() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = resident_bytes()
+    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MB, every page touched
+    grown = resident_bytes()
+    assert grown - before > 48 << 20 and abs(grown - statm()) < 8 << 20
+    del block
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: 128 MB more than its parent, and its own reading of them
+        try:
+            child = np.ones(128 << 20, dtype=np.uint8)
+            os.write(write, f"{resident_bytes()} {statm()} {child.size}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    theirs, truth, _ = (int(v) for v in os.read(read, 100).split())
+    assert abs(theirs - truth) < 8 << 20 and theirs - resident_bytes() > 96 << 20
+
+
 def test_a_reservation_waits_only_for_memory_that_is_sure_to_be_freed() -> None:
     """Decoded pixels wait for those of requests on their way through the model (`passing`, freed
     as each is answered), up to their wait; with nothing passing there is nothing to wait for."""
