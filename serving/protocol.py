@@ -150,13 +150,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._unset_keepalive_if_required()
         limit = self.limits.max_header_bytes
-        while data:
+        rest: bytes | memoryview = data
+        while rest:
             if self._in_head:
                 room = limit - self._head_bytes + 1  # one byte past the limit tells it was exceeded
-                piece, data = (data, b"") if len(data) <= room else (data[:room], data[room:])
+                if len(rest) <= room:
+                    piece, rest = rest, b""
+                else:  # views: a read of a head and 256 KB of body is not copied to be split
+                    view = memoryview(rest)
+                    piece, rest = view[:room], view[room:]
                 self._head_bytes += len(piece)
             else:
-                piece, data = data, b""
+                piece, rest = rest, b""
             try:
                 self.parser.feed_data(piece)
             except httptools.HttpParserUpgrade:
