@@ -197,16 +197,17 @@ def test_the_resident_size_is_this_processs_now_and_a_forked_childs_own() -> Non
     del block
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: 128 MB more than its parent, and its own reading of them
+    if pid == 0:  # the child grows by 128 MB: its readings follow its own memory, not its parent's
         try:
+            first = resident_bytes()
             child = np.ones(128 << 20, dtype=np.uint8)
-            os.write(write, f"{resident_bytes()} {statm()} {child.size}".encode())
+            os.write(write, f"{first} {resident_bytes()} {statm()} {child.size}".encode())
         finally:
             os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
-    theirs, truth, _ = (int(v) for v in os.read(read, 100).split())
-    assert abs(theirs - truth) < 8 << 20 and theirs - resident_bytes() > 96 << 20
+    first, then, truth, _ = (int(v) for v in os.read(read, 100).split())
+    assert then - first > 96 << 20 and abs(then - truth) < 8 << 20, (first, then, truth)
 
 
 def test_a_reservation_waits_only_for_memory_that_is_sure_to_be_freed() -> None:
