@@ -65,14 +65,20 @@ def parse_body(model: type[M], body: dict[str, Any], context: dict[str, Any] | N
         raise request_error(exc) from None
 
 
-async def read_body_as(request: Request, model: type[M], context: dict[str, Any] | None = None) -> M:
-    return parse_body(model, await read_json_object(request), context)
+async def read_body_as(
+    request: Request, model: type[M], context: dict[str, Any] | None = None, lift: str | None = None
+) -> M:
+    """The body validated by `model`; `lift` names a member whose long string is left in the body
+    (serving/http.py `read_json_object`: an image's base64)."""
+    return parse_body(model, await read_json_object(request, lift), context)
 
 
-async def read_request_for_model(request: Request, model: type[M], context: dict[str, Any] | None = None) -> M:
+async def read_request_for_model(
+    request: Request, model: type[M], context: dict[str, Any] | None = None, lift: str | None = None
+) -> M:
     """`read_body_as`, then the body's `model` field, when it names one, checked against the served
     model (404 otherwise): what every OpenAI-style route (embeddings, classify, rerank, ner) does."""
-    body = await read_body_as(request, model, context)
+    body = await read_body_as(request, model, context, lift)
     name = getattr(body, "model", None)
     if name is not None:
         check_model(request, name, None)

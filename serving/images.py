@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from ortpack.kernel.images import ImageDecoder, decode_base64
 from ortpack.serving.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
-from ortpack.serving.http import config_of, read_body, service_of
+from ortpack.serving.http import config_of, lifted_value, read_body, service_of
 
 if TYPE_CHECKING:
     from ortpack.serving.tasks.contract import InferInput
@@ -58,9 +58,12 @@ class ImageInputs:
 
     async def from_base64(self, request: Request, items: list[str], where: list[str]) -> list[np.ndarray]:
         """Base64 strings (or data: URLs), each decoded; `where` names each in errors. Each image's
-        pixels are held in the server's memory budget from its header, before it is decoded."""
+        pixels are held in the server's memory budget from its header, before it is decoded. An
+        item that the body reader lifted (`read_body_as(..., lift=)`) is decoded from the body's
+        own bytes."""
         if len(items) > self.max_items:
             raise PayloadTooLargeError(f"'images' has {len(items)} images; the limit is {self.max_items}")
+        items = [lifted_value(request, x) for x in items]
         decoder, hold = self.decoder, service_of(request).hold_pixels
         decoded: list[np.ndarray] = await self.off_loop(
             lambda: [decoder.decode(decode_base64(x, w), w, hold) for x, w in zip(items, where, strict=True)]

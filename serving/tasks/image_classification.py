@@ -158,7 +158,7 @@ class ImageClassificationRuntime:
 
     async def classify_json(self, request: Request) -> Response:
         """{"image": base64} or {"images": [base64, ...]}, optional "top_k"."""
-        body = await read_body_as(request, ClassifyJsonRequest)
+        body = await read_body_as(request, ClassifyJsonRequest, lift="image")
         k = self.requested_top_k(body.top_k)
         pixels, single = await self.images.from_json(request, body.image, body.images)
         results = await self.classify(request, pixels, k)

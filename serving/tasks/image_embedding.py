@@ -98,7 +98,9 @@ class ImageEmbeddingRuntime:
         return "image embeddings: OpenAI /v1/embeddings with images and the Open Inference Protocol v2"
 
     async def embeddings(self, request: Request) -> Response:
-        body = await read_request_for_model(request, ImageEmbeddingsRequest, {"dimensions": self.output_dim})
+        body = await read_request_for_model(
+            request, ImageEmbeddingsRequest, {"dimensions": self.output_dim}, lift="input"
+        )
         single = isinstance(body.input, str)
         items = [body.input] if isinstance(body.input, str) else body.input
         where = ["input"] if single else [f"input[{i}]" for i in range(len(items))]

@@ -197,7 +197,7 @@ class ObjectDetectionRuntime:
 
     async def detect_json(self, request: Request) -> Response:
         """{"image": base64} or {"images": [base64, ...]}, optional "min_score" and "top_k"."""
-        body = await read_body_as(request, DetectJsonRequest)
+        body = await read_body_as(request, DetectJsonRequest, lift="image")
         min_score, top_k = self.requested(body.min_score, body.top_k)
         pixels, single = await self.images.from_json(request, body.image, body.images)
         answers = await self.detect(request, pixels, min_score, top_k)

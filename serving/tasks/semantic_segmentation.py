@@ -250,7 +250,7 @@ class SemanticSegmentationRuntime:
 
     async def segment_json(self, request: Request) -> Response:
         """{"image": base64} or {"images": [base64, ...]}, optional "format"."""
-        body = await read_body_as(request, SegmentJsonRequest)
+        body = await read_body_as(request, SegmentJsonRequest, lift="image")
         pixels, single = await self.images.from_json(request, body.image, body.images)
         maps = await self.segment(request, pixels)
         answers = await self.images.off_loop(lambda: [self.describe_map(m, body.format) for m in maps])

@@ -456,6 +456,42 @@ def test_large_bodies_read_into_their_own_mapping_answer_as_small_ones(
         assert answer.json()["predictions"][0]["index"] == top
 
 
+def test_a_base64_image_first_in_its_body_is_decoded_from_the_body_as_it_stands(
+    image_server: RunningServer, image_bundle: Path
+) -> None:
+    """`{"image": "<base64>", ...}` is parsed without its string, which is decoded from the body's
+    own bytes (serving/http.py `lifted_member`): the answer is the one a body parsed whole gets
+    (the image not first), data: URLs included. A lifted string that is not base64, a body
+    malformed after it and a repeated key get the answers the whole parse gives."""
+    from ortpack.serving.http import LIFT_FROM_BYTES
+
+    image = render_image(ImageSpec(300, 400, "noisy", 3))
+    blob = base64.b64encode(encode(image, "PNG")).decode()
+    assert len(blob) > LIFT_FROM_BYTES
+    expected = [int(i) for i in np.argsort(-direct(image_bundle, image))[:3]]
+    url = f"{image_server.url}/v1/classify/json"
+
+    def post(body: str) -> httpx.Response:
+        return httpx.post(url, content=body.encode(), headers={"Content-Type": "application/json"}, timeout=30)
+
+    for body in (
+        f'{{"image": "{blob}", "top_k": 3}}',  # lifted
+        f'{{ "image" :"data:image/png;base64,{blob}","top_k":3}}',  # lifted, a data: URL
+        f'{{"top_k": 3, "image": "{blob}"}}',  # parsed whole
+    ):
+        answer = post(body)
+        assert answer.status_code == 200, answer.text
+        assert [p["index"] for p in answer.json()["predictions"]] == expected
+    for body, fragment in (
+        (f'{{"image": "{blob[:5000]}\n{blob[5000:]}"}}', "image is not valid base64"),  # a raw newline
+        (f'{{"image": "{blob}"}} x', "malformed JSON: "),
+        (f'{{"image": "{blob}", "image": "%%%"}}', "image is not valid base64"),  # the last one counts
+    ):
+        answer = post(body)
+        assert answer.status_code == 400, answer.text
+        assert fragment in answer.json()["error"]["message"]
+
+
 def test_classify_base64_json_and_batches(image_server: RunningServer, image_bundle: Path) -> None:
     images = [render_image(ImageSpec(h, w, "smooth", i)) for i, (h, w) in enumerate([(200, 300), (200, 300), (90, 60)])]
     blobs = [base64.b64encode(encode(im, "PNG")).decode() for im in images]
