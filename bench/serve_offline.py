@@ -71,29 +71,71 @@ def per_second(step: Callable[[int, int], int], seconds: float, callers: int = 2
     return done[0] / (time.perf_counter() - t0)
 
 
-def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str, float]:
-    """The served variant called directly (no HTTP, no queue): two callers x one thread, the
-    configuration the server runs under load, at batch 1 and 8; sentences per second."""
+def served_engine(bundle: Path, variant: str) -> Any:
+    """The engine `ortpack-serve --variant VARIANT` would run on this machine (its node check and
+    plan included), loaded in this process."""
     from ortpack.serving.config import ServeConfig
     from ortpack.serving.metrics import Metrics
     from ortpack.serving.service import load_service
 
-    service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
+    return load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics()).engine
+
+
+def text_payloads(engine: Any) -> list[Any]:
+    """The shipped queries, tokenized by `engine`: one payload per sentence."""
     queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
-    payloads = service.engine.encoder.encode(queries).payloads
-    out = {}
-    for batch in (1, 8):
-        groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
-        for g in groups[:20]:
-            service.engine.run(g)
+    return list(engine.encoder.encode(queries).payloads)
 
-        def step(caller: int, i: int, groups: list[Any] = groups) -> int:
-            group = groups[(caller + 2 * i) % len(groups)]  # the callers take alternate groups
-            service.engine.run(group)
-            return len(group)
 
-        out[f"batch_{batch}"] = per_second(step, seconds)
-    return out
+def text_rate(engine: Any, payloads: list[Any], batch: int, seconds: float) -> float:
+    """Sentences per second: `engine.run` on groups of `batch` tokenized sentences, two callers x
+    one thread (the callers take alternate groups)."""
+    groups = [payloads[i : i + batch] for i in range(0, len(payloads) - batch + 1, batch)]
+    for g in groups[:20]:
+        engine.run(g)
+
+    def step(caller: int, i: int) -> int:
+        group = groups[(caller + 2 * i) % len(groups)]
+        engine.run(group)
+        return len(group)
+
+    return per_second(step, seconds)
+
+
+def sentence_rate(engine: Any, seconds: float) -> float:
+    """Sentences per second: each of the shipped queries tokenized and run alone (batch 1), two
+    callers x one thread: the bound of a one-sentence-per-request workload, tokenizing included
+    (the server tokenizes each request's sentence too)."""
+    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    for q in queries[:20]:
+        engine.run(engine.encoder.encode([q]).payloads)
+
+    def step(caller: int, i: int) -> int:
+        engine.run(engine.encoder.encode([queries[(caller + 2 * i) % len(queries)]]).payloads)
+        return 1
+
+    return per_second(step, seconds)
+
+
+def image_rate(engine: Any, data: bytes, seconds: float) -> float:
+    """Images per second: the engine's decoder and graph on the encoded file `data`, batch 1, two
+    callers x one thread."""
+    for _ in range(5):
+        engine.run([engine.decoder.decode(data)])
+
+    def step(caller: int, i: int) -> int:
+        engine.run([engine.decoder.decode(data)])
+        return 1
+
+    return per_second(step, seconds)
+
+
+def offline_bound(bundle: Path, variant: str, seconds: float = 4.0) -> dict[str, float]:
+    """The served variant called directly (no HTTP, no queue): two callers x one thread, the
+    configuration the server runs under load, at batch 1 and 8; sentences per second."""
+    engine = served_engine(bundle, variant)
+    payloads = text_payloads(engine)
+    return {f"batch_{batch}": text_rate(engine, payloads, batch, seconds) for batch in (1, 8)}
 
 
 def image_bound(bundle: Path, variant: str, files: dict[str, bytes], seconds: float = 4.0) -> dict[str, float]:
@@ -102,22 +144,8 @@ def image_bound(bundle: Path, variant: str, files: dict[str, bytes], seconds: fl
     queue, two callers x one thread at batch 1; images per second. For a base64 JSON workload
     the base64 decode is the server's work too: give the file's bytes, the bound then leaves the
     JSON and base64 out (the served share measures them with the rest)."""
-    from ortpack.serving.config import ServeConfig
-    from ortpack.serving.metrics import Metrics
-    from ortpack.serving.service import load_service
-
-    engine = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics()).engine
-    out = {}
-    for name, data in files.items():
-        for _ in range(5):
-            engine.run([engine.decoder.decode(data)])
-
-        def step(caller: int, i: int, data: bytes = data) -> int:
-            engine.run([engine.decoder.decode(data)])
-            return 1
-
-        out[name] = per_second(step, seconds)
-    return out
+    engine = served_engine(bundle, variant)
+    return {name: image_rate(engine, data, seconds) for name, data in files.items()}
 
 
 def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, float]:
