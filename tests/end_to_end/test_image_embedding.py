@@ -128,6 +128,21 @@ def test_openai_client_raw_bytes_and_v2_get_pytorchs_vectors(embedder: tuple[Pat
         assert raw.status_code == 200 and raw.headers["x-embedding-space"] == space.id
         np.testing.assert_allclose(raw.json()["data"][0]["embedding"], one, atol=1e-6)
 
+        # a large image first in its body is decoded from the body's bytes (serving/http.py
+        # `lifted_member`): the vector a body parsed whole gets, and the rest still validated
+        blob = base64.b64encode(encode(render_image(ImageSpec(300, 400, "noisy", 3)), "PNG")).decode()
+        lifted, whole = (
+            httpx.post(f"{server.url}/v1/embeddings", content=body, headers={"content-type": "application/json"})
+            for body in (
+                f'{{"input": "{blob}", "model": "mnv3s-emb", "encoding_format": "float"}}',
+                f'{{"model": "mnv3s-emb", "encoding_format": "float", "input": "{blob}"}}',
+            )
+        )
+        assert lifted.status_code == whole.status_code == 200, lifted.text
+        np.testing.assert_allclose(lifted.json()["data"][0]["embedding"], whole.json()["data"][0]["embedding"])
+        refused = httpx.post(f"{server.url}/v1/embeddings", json={"input": blob, "dimensions": 64})
+        assert refused.status_code == 400 and "dimensions" in refused.json()["error"]["message"]
+
         tensor = {
             "name": "images",
             "datatype": "UINT8",
