@@ -234,12 +234,13 @@ def json_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:
 
 def lifted_member(body: bytes | bytearray | memoryview, key: str) -> tuple[dict[str, Any], memoryview] | None:
     """`body` parsed with its first member `key`'s string value left in place, when the body is
-    `{"key": "<no backslash>", ...}` of at least LIFT_FROM_BYTES: (the object with `key` as
-    LIFTED, a view of the string's bytes). None otherwise, and when anything after the string is
-    not what `json_object` accepts or names `key` again: the full parse then answers as it always
-    does. A base64 image is such a string: orjson makes a str of its 500 KB (0.14 ms on the event
-    loop, and the str's memory) where its bytes are all the decoder needs. A string without an
-    escape is its bytes as they stand; bytes that are not base64 are refused by the decoder."""
+    `{"key": "...", ...}` of at least LIFT_FROM_BYTES with no backslash anywhere from the string
+    on: (the object with `key` as LIFTED, a view of the string's bytes). None otherwise, and when
+    anything after the string is not what `json_object` accepts or names `key` again: the full
+    parse then answers as it always does. A base64 image is such a string: orjson makes a str of
+    its 500 KB (0.14 ms on the event loop, and the str's memory) where its bytes are all the
+    decoder needs. A string without an escape is its bytes as they stand; bytes that are not
+    base64 are refused by the decoder."""
     if len(body) < LIFT_FROM_BYTES:
         return None
     # a view from read_body starts at its buffer's start: search the buffer (bytearray or mmap)
@@ -250,7 +251,9 @@ def lifted_member(body: bytes | bytearray | memoryview, key: str) -> tuple[dict[
         return None
     start = head.end()
     end = raw.find(b'"', start, size)
-    if end < 0 or raw.find(b"\\", start, end) >= 0 or raw.find(b'"' + head.group(1) + b'"', end + 1, size) >= 0:
+    # no escape in the string (it is then its bytes) nor after it (no key there can spell `key`
+    # but as it stands), and `key` not again: the object's `key` is this string
+    if end < 0 or raw.find(b"\\", start, size) >= 0 or raw.find(b'"' + head.group(1) + b'"', end + 1, size) >= 0:
         return None
     try:
         parsed = orjson.loads(b"{" + raw[head.start(1) - 1 : head.end(1) + 1] + b':""' + raw[end + 1 : size])

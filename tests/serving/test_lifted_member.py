@@ -49,6 +49,8 @@ def test_a_view_of_a_mapping_is_searched_in_its_mapping() -> None:
         (f'{{"image": "{BLOB[:100]}\\/{BLOB[100:]}"}}', "an escape: the string is not its bytes"),
         (f'{{"image": "{BLOB}", "image": "x"}}', "the key again: the last one counts"),
         (f'{{"image": "{BLOB}", "x": {{"image": 1}}}}', "the key's name again, even nested: parsed whole"),
+        (f'{{"image": "{BLOB}", "im\\u0061ge": "x"}}', "the key again, escaped: the last one counts"),
+        (f'{{"image": "{BLOB}", "note": "a \\"quote\\""}}', "an escape after the string: parsed whole"),
         (f'{{"image": "{BLOB}"}} trailing', "malformed after the string: the whole parse says where"),
         (f'{{"image": "{BLOB}"', "not closed"),
         (f'{{"image": "{BLOB}', "the string not closed"),
