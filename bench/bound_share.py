@@ -43,7 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.image_serve import make_jpeg  # noqa: E402
+from bench.image_serve import FILE_LUA, make_jpeg  # noqa: E402
 from bench.serve_load import (  # noqa: E402
     LUA,
     free_port,
@@ -57,7 +57,6 @@ from bench.serve_offline import image_rate, sentence_rate, served_engine  # noqa
 from ortpack.components.core.timing import LoadWatch  # noqa: E402
 from ortpack.kernel.hardware import this_machine  # noqa: E402
 
-FILE_LUA = ROOT / "bench" / "wrk" / "post_file.lua"
 DRAIN_S = 2.0  # after a load: wrk stops at its deadline, the server still answers what it accepted
 
 

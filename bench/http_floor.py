@@ -27,8 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.bound_share import FILE_LUA  # noqa: E402
-from bench.image_serve import make_jpeg  # noqa: E402
+from bench.image_serve import FILE_LUA, make_jpeg  # noqa: E402
 from bench.serve_load import LUA, free_port, run_wrk_script, started_server, table, write_bodies, write_results  # noqa: E402
 from ortpack.kernel.hardware import this_machine  # noqa: E402
 

@@ -21,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 QUERIES = ROOT / "components" / "core" / "data" / "retrieval_queries.jsonl"  # the shipped queries
 
 
+def shipped_queries() -> list[str]:
+    """The shipped retrieval queries, one sentence each."""
+    return [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+
+
 def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, float]:
     """The engine bound at concurrency 1: p50 ms of one sentence, batch 1, called directly, on a
     one-thread worker session and on the lone session (every core), in alternate calls."""
@@ -31,7 +36,7 @@ def offline_latency(bundle: Path, variant: str, calls: int = 600) -> dict[str, f
     config = ServeConfig(bundle=str(bundle), variant=variant)
     service = load_service(bundle, config, Metrics())
     service.open_lone(config.max_batch_size)  # as the server does once ready
-    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    queries = shipped_queries()
     payloads = service.engine.encoder.encode(queries).payloads
     engines: dict[str, Any] = {"1 thread": service.engine}
     if service.batcher.lone_backend is not None:
@@ -83,7 +88,7 @@ def served_engine(bundle: Path, variant: str) -> Any:
 
 def text_payloads(engine: Any) -> list[Any]:
     """The shipped queries, tokenized by `engine`: one payload per sentence."""
-    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    queries = shipped_queries()
     return list(engine.encoder.encode(queries).payloads)
 
 
@@ -106,7 +111,7 @@ def sentence_rate(engine: Any, seconds: float) -> float:
     """Sentences per second: each of the shipped queries tokenized and run alone (batch 1), two
     callers x one thread: the bound of a one-sentence-per-request workload, tokenizing included
     (the server tokenizes each request's sentence too)."""
-    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    queries = shipped_queries()
     for q in queries[:20]:
         engine.run(engine.encoder.encode([q]).payloads)
 
@@ -159,7 +164,7 @@ def layer_costs(bundle: Path, variant: str, http_cpu_ms: float) -> dict[str, flo
     from ortpack.serving.service import load_service
 
     service = load_service(bundle, ServeConfig(bundle=str(bundle), variant=variant), Metrics())
-    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    queries = shipped_queries()
     bodies = [orjson.dumps({"input": q, "model": "m"}) for q in queries]
     encoded = [service.engine.encoder.encode([q]) for q in queries]
 
@@ -227,7 +232,7 @@ def int8_peak_share(bundle: Path, variant: str) -> dict[str, float]:
         truncate=True,
         buckets=(8,),
     )
-    queries = [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+    queries = shipped_queries()
     tokens = float(np.mean([len(p) for p in encoder.encode(queries).payloads]))
     return {
         "int8_peak_macs_per_s": int8_peak(len(os.sched_getaffinity(0))),
