@@ -11,9 +11,10 @@ import hmac
 import logging
 import math
 import mmap
+import os
+import random
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,6 +76,11 @@ _REJECTED = {
 }
 # A client's x-request-id is echoed when it is short and plain; otherwise one is generated.
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+# Request ids: 128 random bits from a generator seeded by the system's randomness (again in a
+# forked child). uuid4 reads os.urandom per id, a system call that releases the GIL: on the event
+# loop under load, a wait behind the decode and model threads per request (ids need no secrecy).
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
 CHALLENGE = 'Bearer realm="ortpack"'
 
 
@@ -119,7 +125,9 @@ class Served(Protocol):
     @property
     def space(self) -> EmbeddingSpace | None: ...
 
-    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]: ...
+    async def infer(
+        self, payloads: Sequence[Any], buckets: Sequence[Any], shape: Callable[[Item], Any] | None = None
+    ) -> list[Any]: ...
 
     def admit_body(self, size: int, form: str = "json") -> float: ...
 
@@ -375,7 +383,7 @@ def client_timeout(request: Request, server_s: float) -> float:
 
 def request_id_of(request: Request) -> str:
     given = request.headers.get("x-request-id")
-    return given if given is not None and _REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if given is not None and _REQUEST_ID.match(given) else f"{_ids.getrandbits(128):032x}"
 
 
 def authorized(request: Request, key: bytes) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ class Request:
     deadline: float = math.inf  # on the batcher's clock
     fast: bool = False  # the fast lane: its work is predicted to take at most `fast_s`
     cost_left: float = 0.0  # the cost of its items not yet cut into a batch (admission's units)
+    shape: Callable[[Any], Any] | None = None  # each row -> what the request answers, on the worker thread
     # Wall-clock timings (time.perf_counter, whatever the batcher's scheduling clock): queued, the
     # start of its first model call, the end of its last one, model seconds summed over its batches.
     queued_at: float = 0.0

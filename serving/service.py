@@ -153,8 +153,12 @@ class ModelService:
         if ctx.reserved:
             self.memory.release(ctx.reserved, passing=ctx.pixels_held)
 
-    async def infer(self, payloads: Sequence[Any], buckets: Sequence[Any]) -> list[Item]:
-        """Queue one request's items and wait for their outputs (in order)."""
+    async def infer(
+        self, payloads: Sequence[Any], buckets: Sequence[Any], shape: Callable[[Item], Any] | None = None
+    ) -> list[Any]:
+        """Queue one request's items and wait for their outputs (in order), each passed through
+        `shape` on the model thread when it is given (post-processing off the event loop: the
+        batcher's `shape`)."""
         if not self.ready:
             raise NotReadyError("the model is not ready yet (warming up)" if not self.draining else "shutting down")
         # decoded images are larger than their files (the graph's float copies are the engine's:
@@ -167,7 +171,7 @@ class ModelService:
             ratio = cost / ctx.body_bytes
             self.cost_per_byte = ratio if not self.cost_per_byte else 0.9 * self.cost_per_byte + 0.1 * ratio
         self.metrics.queue_depth.set(self.batcher.depth + len(payloads))
-        items = await self.batcher.submit(payloads, buckets, self.timeout_s)
+        items = await self.batcher.submit(payloads, buckets, self.timeout_s, shape)
         ctx = context.current()
         if ctx is not None and ctx.model_end:
             ctx.postprocess_s = time.perf_counter() - ctx.model_end

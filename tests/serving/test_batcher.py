@@ -275,6 +275,41 @@ def test_a_failing_request_does_not_fail_the_others_in_its_batch() -> None:
     assert faults == ["batch"] and int(first[0][0]) == 1
 
 
+def test_rows_are_shaped_on_the_worker_and_a_shape_that_raises_fails_only_its_request() -> None:
+    """Three requests share one batch, two with a `shape`: their rows come back shaped, shaped on
+    the model thread (not the event loop), the third's as the model gave them. A shape that
+    raises answers its own request with the error; the others in the batch are answered."""
+    backend = RecordingBackend()
+    faults: list[str] = []
+    batcher = Batcher(backend, max_batch_size=64, max_queue_size=100, workers=1, ahead=0, on_model_error=faults.append)
+    threads: list[str] = []
+
+    def doubled(row: np.ndarray) -> int:
+        threads.append(threading.current_thread().name)
+        return int(row[0]) * 2
+
+    def broken(row: np.ndarray) -> int:
+        raise ValueError(f"cannot shape {int(row[0])}")
+
+    async def body() -> list[Any]:
+        first = await _hold_worker(batcher, backend)
+        shared = [
+            asyncio.ensure_future(batcher.submit([21, 22], [0, 0], 5.0, shape=doubled)),
+            asyncio.ensure_future(batcher.submit([23], [0], 5.0, shape=broken)),
+            asyncio.ensure_future(batcher.submit([24], [0], 5.0)),
+        ]
+        await _until(lambda: batcher.depth == 4)
+        backend.gate.set()
+        return await asyncio.gather(first, *shared, return_exceptions=True)
+
+    _, shaped, failed, plain = run(_with(batcher, body()))
+    assert shaped == [42, 44]
+    assert threads and all(name.startswith("ortpack-model") for name in threads)
+    assert isinstance(failed, InferenceError) and "ValueError: cannot shape 23" in failed.message
+    assert int(plain[0][0]) == 24 and int(plain[0][1]) == 4  # the row as the model gave it, batch of 4
+    assert backend.batches[1] == [21, 22, 23, 24] and faults == []  # one batch, run once: no model fault
+
+
 def test_a_fault_that_does_not_repeat_fails_nobody() -> None:
     """A model call that raises once (a transient fault): every request of the batch is answered
     from the one-request-at-a-time runs, and the fault is still counted."""
