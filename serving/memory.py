@@ -189,19 +189,24 @@ class MemoryBudget:
         resident can be well above what is held, since freed memory is not always given back to
         the system (glibc keeps some; ONNX Runtime's arenas keep theirs)."""
         end = time.monotonic() + wait_s
+        crowded = passing and wait_s > 0
+        # read before the lock: the read is a system call, which releases the GIL, and the event
+        # loop takes this lock to release every answered request's memory
+        resident = resident_bytes() if crowded and self.resident_cap else 0
         with self._freed:
-            while not self._fits(n, strict, crowded=passing and wait_s > 0):
+            while not self._fits(n, strict, crowded, resident):
                 left = end - time.monotonic()
                 if left <= 0 or not self.passing:
                     if not strict:  # a request refused (strict reservations are the engine's: they wait)
                         self.refused += 1
                     return False
                 self._freed.wait(min(left, 0.02))  # a release wakes it; the resident size is read again
+                resident = resident_bytes() if crowded and self.resident_cap else 0
             self.held += n
             self.passing += n if passing else 0
             return True
 
-    def _fits(self, n: int, strict: bool, crowded: bool) -> bool:
+    def _fits(self, n: int, strict: bool, crowded: bool, resident: int) -> bool:
         if self.limit is None:
             return True
         if self.held + n > self.limit and (self.held > 0 or strict):
@@ -211,7 +216,7 @@ class MemoryBudget:
         # while other requests' pixels pass (they will free theirs): a share of the budget, and the process's room
         if self.passing + n > self.limit * PASSING_SHARE:
             return False
-        return not (self.resident_cap and resident_bytes() + n > self.resident_cap)
+        return not (self.resident_cap and resident + n > self.resident_cap)
 
     def release(self, n: int, passing: int = 0) -> None:
         """Give back `n` bytes, `passing` of them held as `passing`."""
