@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -335,6 +336,8 @@ def test_request_id_and_timing_headers(tiny_bundle: Path, caplog: pytest.LogCapt
         echoed, generated, health, bad = run(body())
     assert echoed.headers["x-request-id"] == "abc-1"
     assert len(generated.headers["x-request-id"]) == 32 and generated.headers["x-request-id"] != "abc-1"
+    ids = [r.headers["x-request-id"] for r in (generated, health, bad)]  # generated: 128 random bits, hex
+    assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == 3
     for answer in (echoed, generated):
         assert float(answer.headers["x-queue-time"]) >= 0 and float(answer.headers["x-inference-time"]) > 0
     assert "x-inference-time" not in health.headers and "x-request-id" in health.headers
