@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.image_serve import make_jpeg  # noqa: E402
-from bench.serve_load import table, write_results  # noqa: E402
-from ortpack.kernel.hardware import this_machine  # noqa: E402
+from bench.serve_load import measured_on, table, write_results  # noqa: E402
 
 ROUTES = {"image-classification": ("/v1/classify/json", "image"), "image-embedding": ("/v1/embeddings", "input")}
 GROUPS = {"event loop": "MainThread", "decode threads": "ortpack-decode", "model threads": "ortpack-model"}
@@ -244,9 +242,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "app_cpu.json"), help="JSON output")
     args = parser.parse_args()
     results: dict[str, Any] = {
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": this_machine().cpu_model,
-        "cpu_count": os.cpu_count(),
+        **measured_on(),
         "bundle": args.bundle.name,
         "runs": [measure(args.bundle, null, args.requests, args.concurrency) for null in (False, True)],
     }

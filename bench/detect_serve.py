@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from bench.image_serve import runs_table  # noqa: E402
 from bench.serve_load import (  # noqa: E402
     cold_start_table,
     free_port,
+    measured_on,
     print_run,
     run_wrk_script,
     started_server,
@@ -43,7 +43,6 @@ from bench.serve_load import (  # noqa: E402
     write_results,
 )
 from bench.serve_offline import image_bound  # noqa: E402
-from ortpack.kernel.hardware import this_machine  # noqa: E402
 
 CONCURRENCY = (1, 8)
 FILE_LUA = ROOT / "bench" / "wrk" / "post_file.lua"
@@ -115,9 +114,7 @@ def main() -> int:
     variants = [v["id"] for v in manifest["variants"]]
     jpeg = make_jpeg()
     results: dict[str, Any] = {
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": this_machine().cpu_model,
-        "cpu_count": os.cpu_count(),
+        **measured_on(),
         "bundle": str(bundle),
         "variants": variants,
         "jpeg": {"width": WIDTH, "height": HEIGHT, "bytes": len(jpeg)},

@@ -17,19 +17,25 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import resource
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.image_serve import FILE_LUA, make_jpeg  # noqa: E402
-from bench.serve_load import LUA, free_port, run_wrk_script, started_server, table, write_bodies, write_results  # noqa: E402
-from ortpack.kernel.hardware import this_machine  # noqa: E402
+from bench.serve_load import (  # noqa: E402
+    LUA,
+    free_port,
+    measured_on,
+    run_wrk_script,
+    started_server,
+    table,
+    write_bodies,
+    write_results,
+)
 
 
 def children_cpu_s() -> float:
@@ -44,9 +50,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "http_floor.json"), help="JSON output")
     args = parser.parse_args()
     results: dict[str, Any] = {
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": this_machine().cpu_model,
-        "cpu_count": os.cpu_count(),
+        **measured_on(),
         "runs": [],
     }
     port = free_port()

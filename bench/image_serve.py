@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from bench.serve_load import (  # noqa: E402
     cold_start_table,
     free_port,
     load_cell,
+    measured_on,
     print_run,
     run_wrk_script,
     started_server,
@@ -261,9 +261,7 @@ def main() -> int:
     jpeg = make_jpeg()
     body = json.dumps({"image": base64.b64encode(jpeg).decode()})
     results: dict[str, Any] = {
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": this_machine().cpu_model,
-        "cpu_count": os.cpu_count(),
+        **measured_on(),
         "model": args.model,
         "bundle": str(bundle),
         "decode": preprocessing.get("decode", "exact"),

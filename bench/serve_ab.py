@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from bench.image_serve import FILE_LUA, make_jpeg  # noqa: E402
 from bench.serve_load import (  # noqa: E402
     LUA,
     free_port,
+    measured_on,
     run_wrk_script,
     started_server,
     table,
@@ -121,9 +120,7 @@ def main() -> int:
     )
     print(table(rows))
     results = {
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": this_machine().cpu_model,
-        "cpu_count": os.cpu_count(),
+        **measured_on(),
         "bundle": manifest["name"],
         "workload": args.workload,
         "concurrency": args.concurrency,

@@ -340,6 +340,17 @@ def cold_start_table(servers: list[dict[str, Any]]) -> str:
     return table([["server", "cold start to ready, s"]] + [[s["server"], f"{s['cold_start_s']:.2f}"] for s in servers])
 
 
+def measured_on() -> dict[str, Any]:
+    """When and on what a result was measured: the first fields of a bench's JSON."""
+    from ortpack.kernel.hardware import this_machine
+
+    return {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": this_machine().cpu_model,
+        "cpu_count": os.cpu_count(),
+    }
+
+
 def write_results(path: str, results: dict[str, Any]) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
