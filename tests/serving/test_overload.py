@@ -184,20 +184,18 @@ def test_memory_sizes_and_limits() -> None:
 
 def test_the_resident_size_is_this_processs_now_and_a_forked_childs_own() -> None:
     """resident_bytes keeps /proc/self/statm open: it still follows the memory, and a child forked
-    after the first read reads its own file, not its parent's."""
+    after the first read reads its own file, not its parent's. The growth is measured in the child:
+    it has one thread, while this test process may hold other tests' threads that free memory
+    meanwhile (in one CI run a 64 MB block grew it by 42 MB)."""
     import os
 
     def statm() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-    before = resident_bytes()
-    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MB, every page touched
-    grown = resident_bytes()
-    assert grown - before > 48 << 20 and abs(grown - statm()) < 8 << 20
-    del block
+    assert abs(resident_bytes() - statm()) < 8 << 20  # the parent's file is open before the fork
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child grows by 128 MB: its readings follow its own memory, not its parent's
+    if pid == 0:  # the child grows by 128 MB: its readings (one file, read twice) follow its own memory
         try:
             first = resident_bytes()
             child = np.ones(128 << 20, dtype=np.uint8)
