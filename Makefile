@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-vision serve images test-images report-shots
+.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,12 @@ bench-serve: $(STAMP)
 bench-image: $(STAMP)
 	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
 	$(PY) bench/image_serve.py
+
+# The server behind other fronts: granian (an HTTP server in Rust) and two processes (needs wrk).
+bench-fronts: $(STAMP)
+	command -v wrk >/dev/null || (apt-get install -y -q wrk || (apt-get update -q && apt-get install -y -q wrk))
+	$(PY) -m pip install --quiet "granian>=2.5,<3"
+	$(PY) bench/fronts.py --bundle dist/mobilenet_v3_small --workload image-json
 
 # The detection serving benchmark (builds dist/fall-yolov8s from the trained checkpoint if missing).
 bench-detect: $(TRAINED)
