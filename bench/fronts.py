@@ -30,7 +30,6 @@ import contextlib
 import importlib.util
 import json
 import resource
-import statistics
 import sys
 import tempfile
 import threading
@@ -43,9 +42,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.serve_ab import workload  # noqa: E402
-from bench.serve_load import free_port, measured_on, run_wrk_script, started_server, table, write_results  # noqa: E402
-from ortpack.kernel.hardware import this_machine  # noqa: E402
+from bench.serve_ab import medians_of, print_medians, workload  # noqa: E402
+from bench.serve_load import free_port, measured_on, run_wrk_script, started_server, write_results  # noqa: E402
 
 FRONTS = ("uvicorn", "granian", "two-processes")
 WARM_UP_S = 3
@@ -170,26 +168,17 @@ def main() -> int:
                     flush=True,
                 )
     keys = ("requests_per_s", "p99_ms", "cpu_ms_per_request", "client_cpu_ms_per_request", "idle_share")
-    medians = {front: {k: statistics.median(r[k] for r in rows) for k in keys} for front, rows in runs.items()}
+    medians = medians_of(runs, keys)
     first = medians[fronts[0]]["requests_per_s"]
-    rows = [["front", "req/s", f"vs {fronts[0]}", "p99 ms", "server CPU ms/req", "wrk CPU ms/req", "CPU idle"]]
-    for front, m in medians.items():
-        rows.append(
-            [
-                front,
-                f"{m['requests_per_s']:.1f}",
-                f"{m['requests_per_s'] / first:.2f}x",
-                f"{m['p99_ms']:.0f}",
-                f"{m['cpu_ms_per_request']:.2f}",
-                f"{m['client_cpu_ms_per_request']:.2f}",
-                f"{m['idle_share']:.0%}",
-            ]
-        )
-    print(
-        f"\n{args.workload} at c={args.concurrency}, {manifest['name']}, medians of {args.rounds} rounds, "
-        f"{psutil.cpu_count()} cores ({this_machine().cpu_model})"
-    )
-    print(table(rows))
+    columns = {
+        "req/s": lambda m: f"{m['requests_per_s']:.1f}",
+        f"vs {fronts[0]}": lambda m: f"{m['requests_per_s'] / first:.2f}x",
+        "p99 ms": lambda m: f"{m['p99_ms']:.0f}",
+        "server CPU ms/req": lambda m: f"{m['cpu_ms_per_request']:.2f}",
+        "wrk CPU ms/req": lambda m: f"{m['client_cpu_ms_per_request']:.2f}",
+        "CPU idle": lambda m: f"{m['idle_share']:.0%}",
+    }
+    print_medians(args, manifest["name"], "front", medians, columns)
     results = {
         **measured_on(),
         "bundle": manifest["name"],

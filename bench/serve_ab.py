@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,28 @@ def one_run(tree: Path, args: argparse.Namespace, route: tuple[str, Path, dict[s
     return result
 
 
+def medians_of(runs: dict[str, list[dict[str, Any]]], keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Each label's median of each of `keys` over its runs."""
+    return {label: {k: statistics.median(r[k] for r in rows) for k in keys} for label, rows in runs.items()}
+
+
+def print_medians(
+    args: argparse.Namespace,
+    model: str,
+    label: str,
+    medians: dict[str, dict[str, float]],
+    columns: dict[str, Callable[[dict[str, float]], str]],
+) -> None:
+    """The medians as a table (a row per label, a cell per column), under a line naming the
+    workload (args.workload, args.concurrency, args.rounds), the model and the machine."""
+    rows = [[label, *columns]] + [[name, *(cell(m) for cell in columns.values())] for name, m in medians.items()]
+    print(
+        f"\n{args.workload} at c={args.concurrency}, {model}, medians of {args.rounds} rounds, "
+        f"{psutil.cpu_count()} cores ({this_machine().cpu_model})"
+    )
+    print(table(rows))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", required=True, help="the bundle every tree's server serves")
@@ -101,24 +124,15 @@ def main() -> int:
                     flush=True,
                 )
     keys = ("requests_per_s", "p99_ms", "cpu_ms_per_request", "main_thread_cpu_ms_per_request", "idle_share")
-    medians = {label: {k: statistics.median(r[k] for r in rows) for k in keys} for label, rows in runs.items()}
-    rows = [["tree", "req/s", "p99 ms", "CPU ms/req", "of it event loop", "CPU idle"]]
-    for label, m in medians.items():
-        rows.append(
-            [
-                label,
-                f"{m['requests_per_s']:.1f}",
-                f"{m['p99_ms']:.0f}",
-                f"{m['cpu_ms_per_request']:.2f}",
-                f"{m['main_thread_cpu_ms_per_request']:.2f}",
-                f"{m['idle_share']:.0%}",
-            ]
-        )
-    print(
-        f"\n{args.workload} at c={args.concurrency}, {manifest['name']}, medians of {args.rounds} rounds, "
-        f"{psutil.cpu_count()} cores ({this_machine().cpu_model})"
-    )
-    print(table(rows))
+    medians = medians_of(runs, keys)
+    columns = {
+        "req/s": lambda m: f"{m['requests_per_s']:.1f}",
+        "p99 ms": lambda m: f"{m['p99_ms']:.0f}",
+        "CPU ms/req": lambda m: f"{m['cpu_ms_per_request']:.2f}",
+        "of it event loop": lambda m: f"{m['main_thread_cpu_ms_per_request']:.2f}",
+        "CPU idle": lambda m: f"{m['idle_share']:.0%}",
+    }
+    print_medians(args, manifest["name"], "tree", medians, columns)
     results = {
         **measured_on(),
         "bundle": manifest["name"],
