@@ -211,7 +211,7 @@ def run_model(
         built = OptimizeResult.load(directory)
         int8 = built.metrics.get("int8") or {}
         if "kernels" not in int8 and precision == "int8":  # the code before did not count them
-            from ortpack.components.core.static_int8 import kernel_census
+            from ortpack.components.core.quantization.static_int8 import kernel_census
 
             int8["kernels"] = kernel_census(directory / "model.onnx", level=built.online_optimization_level)
         result["variants"][vid] = {

@@ -137,7 +137,7 @@ class BenchmarkSection(_Strict):
 
 
 class Int8Candidate(_Strict):
-    """One int8 recipe the optimize step tried (components/core/int8_search.py): its quality
+    """One int8 recipe the optimize step tried (components/core/quantization/int8_search.py): its quality
     numbers by name, whether it was within the parity budget and what it missed, its size, and
     for those within budget its latency per benchmark shape and the speed the rule ranked."""
 
@@ -160,14 +160,14 @@ class Int8Candidate(_Strict):
 
 class Int8Recipe(_Strict):
     """How an int8 variant was quantized: the recipe chosen, the rule that chose it and, where the
-    task tried several, every candidate (components/core/int8_search.py)."""
+    task tried several, every candidate (components/core/quantization/int8_search.py)."""
 
     recipe: str
     candidate: str = ""  # the candidate shipped, where it is not the recipe alone (the recipe + layers in float)
     rule: str = ""
     candidates: dict[str, Int8Candidate] = Field(default_factory=dict)
     hint: str = ""  # what would help when no recipe was within budget (calibration photos)
-    # static int8 (image tasks, components/core/static_int8.py): the weights' width (8 bits are
+    # static int8 (image tasks, components/core/quantization/static_int8.py): the weights' width (8 bits are
     # exact only where the CPU sums u8 x s8 without saturation: `needs_exact_int8_dot`), whether
     # biases were corrected, the calibration, the layers kept in float with the quantization noise
     # each added (their sensitivity), every layer's sensitivity where the search measured it
@@ -176,7 +176,7 @@ class Int8Recipe(_Strict):
     calibration: str = ""
     float_layers: dict[str, float] = Field(default_factory=dict)
     sensitivity: dict[str, float] = Field(default_factory=dict)
-    # what ONNX Runtime runs for the shipped graph (components/core/static_int8.kernel_census):
+    # what ONNX Runtime runs for the shipped graph (components/core/quantization/static_int8.kernel_census):
     # int8 kernels and float compute by operator, float compute fed by dequantized weights
     kernels: dict[str, Any] = Field(default_factory=dict)
 

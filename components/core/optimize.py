@@ -6,7 +6,7 @@ SkipLayerNormalization, BiasGelu, EmbedLayerNormalization, or the onnxscript rew
 fusions, which add MultiHeadAttention, RotaryEmbedding and RMS norms); the precision conversion (fp16
 with fp32 inputs/outputs and the pooling block kept in fp32, or int8 dynamic per-channel
 quantization); then ORT's own graph optimization at the target's offline level, saved to disk.
-The fusions and precision conversions themselves live in `ortpack.components.core.graph_recipes`.
+The fusions and precision conversions themselves live in `ortpack.components.core.quantization.graph_recipes`.
 
 What this does not do: TensorRT engines, or ORT-level offline optimization for CUDA (that needs a
 GPU session; the server enables online optimization for such variants instead).
@@ -26,9 +26,9 @@ from typing import Any
 from ortpack.components.core.artifacts import ExportResult, OptimizeResult
 from ortpack.components.core.benchmark import bench_feeds
 from ortpack.components.core.errors import UnsupportedHereError
-from ortpack.components.core.graph_recipes import to_fp16
+from ortpack.components.core.quantization.graph_recipes import to_fp16
 from ortpack.components.core.specs import VariantSpec, get_target
-from ortpack.components.core.static_int8 import kernel_census
+from ortpack.components.core.quantization.static_int8 import kernel_census
 from ortpack.components.core.tasks import check_int8_recipe, get_family
 from ortpack.components.core.timing import measure_interleaved, timed
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
@@ -112,7 +112,7 @@ def optimize_model(
 ) -> OptimizeResult:
     """Build one variant from the raw export in `export_dir` into `out_dir/model.onnx`; an int8
     variant with the task's search (or first-that-passes loop), or with `int8_recipe` pinned
-    (components/core/recipes.py; it applies to int8 variants only)."""
+    (components/core/quantization/recipes.py; it applies to int8 variants only)."""
     import onnx
     import onnxruntime as ort
 

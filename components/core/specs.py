@@ -233,7 +233,7 @@ class BuildSpec:
     version: str = "1"
     # ship variants validated on another execution provider than their target's (see parity.py)
     allow_off_target_validation: bool = False
-    # build int8 variants with this recipe instead of searching (components/core/recipes.py)
+    # build int8 variants with this recipe instead of searching (components/core/quantization/recipes.py)
     int8_recipe: str | None = None
 
     def __post_init__(self) -> None:

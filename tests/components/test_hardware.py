@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortpack.components.core.recipes import DYNAMIC_INT8_RECIPES, DynamicInt8
+from ortpack.components.core.quantization.recipes import DYNAMIC_INT8_RECIPES, DynamicInt8
 from ortpack.kernel.hardware import describe, parse_cpuinfo, this_machine
 
 # The int8 search's recipes that quantize the test's [64, 8] MatMul (ffn-out-fp32 keeps a MatMul
@@ -132,7 +132,7 @@ def _worst_case(k: int = 64, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("recipe", QUANTIZED_MATMUL_RECIPES, ids=lambda r: r.name)
 def test_shipped_int8_recipe_uses_7_bit_weights_on_every_cpu(tmp_path: Path, recipe: DynamicInt8) -> None:
     """Every recipe the int8 search may pick (components/core/optimize.py DYNAMIC_INT8_RECIPES)."""
-    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
+    from ortpack.components.core.quantization.graph_recipes import quantize_int8_dynamic
 
     _, weights = _worst_case()
     _matmul_model(tmp_path / "fp32.onnx", weights)
@@ -145,7 +145,7 @@ def test_shipped_int8_recipe_uses_7_bit_weights_on_every_cpu(tmp_path: Path, rec
 
 
 def test_ffn_output_recipe_keeps_narrowing_matmuls_in_fp32(tmp_path: Path) -> None:
-    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
+    from ortpack.components.core.quantization.graph_recipes import quantize_int8_dynamic
 
     _, weights = _worst_case()  # [64, 8]: narrows, as an FFN's second MatMul does
     _matmul_model(tmp_path / "fp32.onnx", weights)
@@ -159,7 +159,7 @@ def test_shipped_int8_recipe_matches_exact_integer_math(tmp_path: Path, recipe: 
     offline as the optimize step ships it) equals exact int32 arithmetic."""
     import onnxruntime as ort
 
-    from ortpack.components.core.graph_recipes import quantize_int8_dynamic
+    from ortpack.components.core.quantization.graph_recipes import quantize_int8_dynamic
     from ortpack.components.core.optimize import ort_offline_optimize
 
     x, weights = _worst_case()

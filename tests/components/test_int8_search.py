@@ -1,4 +1,4 @@
-"""The int8 recipe search (components/core/int8_search.py): every candidate is measured, the rule
+"""The int8 recipe search (components/core/quantization/int8_search.py): every candidate is measured, the rule
 picks the winner from the recorded numbers, and the shipped graph is the winner's."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ortpack.components.core.artifacts import OptimizeResult
-from ortpack.components.core.int8_search import TIE, choose, ranked
-from ortpack.components.core.recipes import DYNAMIC_INT8_RECIPES
+from ortpack.components.core.quantization.int8_search import TIE, choose, ranked
+from ortpack.components.core.quantization.recipes import DYNAMIC_INT8_RECIPES
 
 
 def test_rule_fastest_then_smallest_then_first() -> None:
@@ -73,7 +73,7 @@ def test_the_manifest_carries_the_search_and_reads_older_records(tiny_bundle: Pa
 
 
 def test_the_report_shows_every_candidate(tiny_variants: dict[str, Path]) -> None:
-    from ortpack.components.core.int8_search import table
+    from ortpack.components.core.quantization.int8_search import table
 
     record = OptimizeResult.load(tiny_variants["cpu-int8"]).metrics["int8"]
     rows = table(record)
@@ -119,7 +119,7 @@ def test_a_pinned_recipe_is_built_alone_and_recorded(tiny_export: Path, tmp_path
     import onnx
 
     from ortpack.components.core.optimize import optimize_model
-    from ortpack.components.core.recipes import PINNED_RULE, dynamic_recipe_names
+    from ortpack.components.core.quantization.recipes import PINNED_RULE, dynamic_recipe_names
     from ortpack.components.core.specs import VariantSpec
 
     int8 = VariantSpec(target="cpu", precision="int8")

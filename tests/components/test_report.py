@@ -142,7 +142,7 @@ def test_no_variant_passed_says_nothing_ships() -> None:
 
 
 def test_a_static_int8_variant_says_what_it_is_made_of_and_where_it_cannot_serve() -> None:
-    """An image int8 record (components/core/static_int8.py): the report names its weight width,
+    """An image int8 record (components/core/quantization/static_int8.py): the report names its weight width,
     calibration, bias correction, the kernels ONNX Runtime runs, the layers kept in float with their
     cost and the speed-up over fp32; 8-bit weights are not served where int8 kernels saturate."""
     from dataclasses import replace

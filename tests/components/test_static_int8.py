@@ -1,4 +1,4 @@
-"""Static int8 for the image families (components/core/static_int8.py) on a small convolution net
+"""Static int8 for the image families (components/core/quantization/static_int8.py) on a small convolution net
 exported the way the image exporters export theirs (TorchScript exporter, BatchNorm folded): the
 graph reaches ONNX Runtime's int8 kernels, biases are corrected, layers are ranked by the noise
 they add and returned to float until the judge is satisfied, and servers skip 8-bit weights on
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortpack.components.core.recipes import STATIC_INT8_RECIPES, StaticInt8
+from ortpack.components.core.quantization.recipes import STATIC_INT8_RECIPES, StaticInt8
 
 
 def _net() -> object:
@@ -81,7 +81,7 @@ def test_the_exporters_shared_biases_kept_convolutions_float_until_prepared(
     QLinearConv. `prepare` (quant_pre_process) removes them: every convolution reaches the kernel."""
     import onnx
 
-    from ortpack.components.core.static_int8 import kernel_census, prepare, quantize
+    from ortpack.components.core.quantization.static_int8 import kernel_census, prepare, quantize
 
     convolutions = sum(n.op_type == "Conv" for n in onnx.load(str(graph)).graph.node)
     recipe = StaticInt8(8, bias_correction=False)
@@ -103,7 +103,7 @@ def test_weight_width_and_exactness(graph: Path, images: list[np.ndarray], tmp_p
     import onnx
     from onnx import TensorProto, numpy_helper
 
-    from ortpack.components.core.static_int8 import prepare, quantize
+    from ortpack.components.core.quantization.static_int8 import prepare, quantize
 
     prepare(graph, tmp_path / "prepared.onnx")
     largest = {}
@@ -129,7 +129,7 @@ def test_weight_width_and_exactness(graph: Path, images: list[np.ndarray], tmp_p
 def test_bias_correction_moves_the_mean_back(graph: Path, images: list[np.ndarray], tmp_path: Path) -> None:
     """Each corrected bias absorbs the mean shift its rounded weights cause: the int8 graph's mean
     output error (over the images, per output) shrinks; the outputs still agree."""
-    from ortpack.components.core.static_int8 import correct_biases, prepare, quantize
+    from ortpack.components.core.quantization.static_int8 import correct_biases, prepare, quantize
 
     prepared = tmp_path / "prepared.onnx"
     prepare(graph, prepared)
@@ -150,7 +150,7 @@ def test_search_returns_the_most_sensitive_layers_to_float_until_the_judge_passe
     """A judge that passes only once two layers run in float (it counts them in the session ONNX
     Runtime builds): the search tries the whole int8 graph in its four forms, ranks the layers by
     what each costs the outputs, and ships the first candidate with enough of the worst in float."""
-    from ortpack.components.core.static_int8 import kernel_census, search
+    from ortpack.components.core.quantization.static_int8 import kernel_census, search
 
     def judge(candidate: Path) -> tuple[dict[str, float], list[str]]:
         census = kernel_census(candidate, level="all")

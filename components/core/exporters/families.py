@@ -56,7 +56,7 @@ class EncoderFamily:
       (RoBERTa, XLM-R, CamemBERT, data2vec-text, ...: `padding_idx = config.pad_token_id`).
     - `int8_per_token`: regexes over the exported graph's MatMul node names whose activations the
       int8 variant quantizes per token rather than per tensor
-      (`ortpack.components.core.graph_recipes.quantize_int8_dynamic`): where a few tokens carry activations
+      (`ortpack.components.core.quantization.graph_recipes.quantize_int8_dynamic`): where a few tokens carry activations
       tens of times larger than the rest. Empty: the shipped recipe as measured on MiniLM.
     """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortpack.components.core.artifacts import ExportResult, VariantRecord
-from ortpack.components.core.int8_search import table
+from ortpack.components.core.quantization.int8_search import table
 from ortpack.components.core.report.choice import ServingChoice, choice_here, choices_elsewhere, p50
 from ortpack.components.core.report.numbers import (
     accuracy_cost,
@@ -171,7 +171,7 @@ def parity_tables(records: Sequence[VariantRecord]) -> str:
 
 def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
     """Per int8 variant whose recipe was chosen among several, the table of every candidate
-    (components/core/int8_search.py): what each measured, its size and speed, which shipped; for
+    (components/core/quantization/int8_search.py): what each measured, its size and speed, which shipped; for
     static int8 (images) also what it is made of (`_static_int8_facts`)."""
 
     parts = []
@@ -201,7 +201,7 @@ def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
 
 
 def _static_int8_facts(rec: VariantRecord, records: Sequence[VariantRecord]) -> list[str]:
-    """What a static int8 variant is made of (components/core/static_int8.py): weight width,
+    """What a static int8 variant is made of (components/core/quantization/static_int8.py): weight width,
     calibration, bias correction, the kernels ONNX Runtime runs, the layers kept in float with
     their measured sensitivity, and its speed-up over the fp32 variant at each benchmark shape."""
     record = rec.built.metrics.get("int8") or {}

@@ -62,7 +62,7 @@ class TaskFamily:
     # transformer fusions before the precision conversion:
     # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
     fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
-    # the int8 recipes a build may pin by name (components/core/recipes.py; empty: none)
+    # the int8 recipes a build may pin by name (components/core/quantization/recipes.py; empty: none)
     int8_recipes: tuple[str, ...] = ()
     # a task with an embedding space (its contract's declaration): the inputs `ortpack bundle diff`
     # and the pipeline's baseline check (components/core/compat.py) search with by default,

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ortpack.components.core.exporters.image_models import parse_image_source
-from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.quantization.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.quantization.static_int8 import family_int8
 from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
-from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.validation_data import (
     CALIBRATION_FILE,
@@ -230,7 +230,7 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
     """Static int8 on ONNX Runtime's int8 kernels, judged by the default int8 gate on the
     validation images, with the most sensitive layers returned to float until it passes
-    (components/core/static_int8.py); a pinned `recipe` is built alone (the validate step gates it).
+    (components/core/quantization/static_int8.py); a pinned `recipe` is built alone (the validate step gates it).
     Returns the recipe, every candidate's numbers and the layers kept in float."""
     images = calibration_images(export_dir)
     thresholds = THRESHOLDS["int8"].as_dict()

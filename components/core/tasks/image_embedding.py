@@ -20,11 +20,11 @@ import numpy as np
 from ortpack.components.core.exporters.hf_vision import hf_vision_type
 from ortpack.components.core.exporters.image_models import parse_image_source
 from ortpack.components.core.exporters.image_retrieval import RECALL_AT, retrieval_copies, retrieval_recall
-from ortpack.components.core.int8_search import session
-from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.quantization.int8_search import session
+from ortpack.components.core.quantization.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.quantization.static_int8 import family_int8
 from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
-from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.tasks.image_classification import calibration_images, raw_images
 from ortpack.components.core.validation_data import (
@@ -148,7 +148,7 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
     """Static int8 of the convolutions on ONNX Runtime's int8 kernels, calibrated on the user's
     calibration photos (else generated images), judged by the int8 gate, the most sensitive layers
-    returned to float until it passes (components/core/static_int8.py; else the best retrieval is
+    returned to float until it passes (components/core/quantization/static_int8.py; else the best retrieval is
     kept). A pinned `recipe` is built alone."""
     images = calibration_images(export_dir)
     ref = Reference.load(export_dir / export.reference_file)

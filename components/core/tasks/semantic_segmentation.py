@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortpack.components.core.int8_search import session
-from ortpack.components.core.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.quantization.int8_search import session
+from ortpack.components.core.quantization.recipes import STATIC_INT8_RECIPES
+from ortpack.components.core.quantization.static_int8 import family_int8
 from ortpack.components.core.reference import Reference, calibration_photos
 from ortpack.components.core.specs import ParityThresholds
-from ortpack.components.core.static_int8 import family_int8
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
 from ortpack.components.core.validation_data import ImageSpec, render_image
 from ortpack.kernel.contracts.semantic_segmentation import CONTRACT, OUTPUT
@@ -151,7 +151,7 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
     """Static int8 of the network on ONNX Runtime's int8 kernels (the resize, the map's resize and
     argmax, `pre/` and `post/`, stay fp32), calibrated on photos, judged by the int8 gate, the most
-    sensitive layers returned to float until it passes (components/core/static_int8.py; else the
+    sensitive layers returned to float until it passes (components/core/quantization/static_int8.py; else the
     best pixel agreement is kept). A pinned `recipe` is built alone."""
     images = calibration_photos(export_dir)
     ref = Reference.load(export_dir / export.reference_file)

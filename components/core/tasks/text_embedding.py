@@ -15,9 +15,9 @@ import numpy as np
 
 from ortpack.components.core.artifacts import export_engine
 from ortpack.components.core.exporters.families import FAMILIES
-from ortpack.components.core.graph_recipes import fuse_graph, quantize_int8_dynamic
-from ortpack.components.core.int8_search import Candidate, Judged, search, session
-from ortpack.components.core.recipes import (
+from ortpack.components.core.quantization.graph_recipes import fuse_graph, quantize_int8_dynamic
+from ortpack.components.core.quantization.int8_search import Candidate, Judged, search, session
+from ortpack.components.core.quantization.recipes import (
     DYNAMIC_INT8_RECIPES,
     PER_CHANNEL,
     PINNED_RULE,
@@ -140,7 +140,7 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     }
 
 
-# The int8 recipe search (components/core/int8_search.py) judges each candidate on the probe (its
+# The int8 recipe search (components/core/quantization/int8_search.py) judges each candidate on the probe (its
 # PyTorch outputs) and a retrieval set: SEARCH_QUERIES shipped queries searching SEARCH_DOCUMENTS
 # validation sentences, against the fp32 graph's vectors. Within budget: the int8 gate's cosine
 # and neighbour thresholds, and Recall@10 of int8 queries over an int8 index >= SEARCH_MIN_RECALL
@@ -158,7 +158,7 @@ def quantize_int8_fixed(src: Path, dst: Path, export: ExportResult, export_dir: 
 
 
 def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
-    """The int8 recipe chosen by search (components/core/int8_search.py): per-channel, per-tensor
+    """The int8 recipe chosen by search (components/core/quantization/int8_search.py): per-channel, per-tensor
     and FFN-output-in-fp32 weights, each within budget then also with int8 embedding tables; the
     fastest within the parity budget wins (within 10 % is a tie), then the smallest. A pinned
     `recipe` is built alone, unsearched (the validate step gates it)."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import ortpack.components.core.tasks.text_embedding as text
-from ortpack.components.core.recipes import dynamic_recipe_names
+from ortpack.components.core.quantization.recipes import dynamic_recipe_names
 from ortpack.components.core.reference import Reference
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily

@@ -1,10 +1,10 @@
 """Graph recipes: the transformer fusions and the precision conversions a task family applies to
 an ONNX graph (fp16 with the pre/post-processing kept in fp32, dynamic int8 with per-token rows).
-Static int8 for the image families is components/core/static_int8.py.
+Static int8 for the image families is components/core/quantization/static_int8.py.
 
 The optimize step (`ortpack.components.core.optimize`) and the task families (`ortpack.components.core.tasks`)
 call these; this module imports neither (nor the benchmark step), only the recipe table
-(`ortpack.components.core.recipes`). onnx and onnxruntime load inside the functions.
+(`ortpack.components.core.quantization.recipes`). onnx and onnxruntime load inside the functions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortpack.components.core.recipes import PER_CHANNEL, DynamicInt8
+from ortpack.components.core.quantization.recipes import PER_CHANNEL, DynamicInt8
 
 if TYPE_CHECKING:
     from ortpack.components.core.artifacts import ExportResult

@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from ortpack.components.core.graph_recipes import FP32_NODE_PREFIXES
-from ortpack.components.core.graph_recipes import fp32_nodes as blocks_kept_fp32
-from ortpack.components.core.recipes import PINNED_RULE, STATIC_INT8_RECIPES, StaticInt8
+from ortpack.components.core.quantization.graph_recipes import FP32_NODE_PREFIXES
+from ortpack.components.core.quantization.graph_recipes import fp32_nodes as blocks_kept_fp32
+from ortpack.components.core.quantization.recipes import PINNED_RULE, STATIC_INT8_RECIPES, StaticInt8
 from ortpack.kernel.hardware import this_machine
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 

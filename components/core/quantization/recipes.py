@@ -7,7 +7,7 @@ onnxruntime, a new checkpoint revision) keeps the embedding space when the searc
 another recipe (`ortpack bundle diff` says whether it did).
 
 Data only: nothing here imports onnx, onnxruntime or torch, so the CLI and the task registry can
-check a name before any heavy work. The graphs are written by components/core/graph_recipes.py.
+check a name before any heavy work. The graphs are written by components/core/quantization/graph_recipes.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PINNED_RULE = "pinned by the build (int8_recipe); not searched"
 @dataclass(frozen=True)
 class DynamicInt8:
     """One dynamic int8 recipe for transformer graphs (`quantize_int8_dynamic`). Text embeddings
-    search over these (components/core/int8_search.py), or a build pins one by name; the default
+    search over these (components/core/quantization/int8_search.py), or a build pins one by name; the default
     is per channel.
 
     per_channel: one weight scale per output column (else one per tensor).
@@ -67,7 +67,7 @@ def dynamic_recipe(name: str) -> DynamicInt8:
 
 @dataclass(frozen=True)
 class StaticInt8:
-    """One static int8 (QDQ) recipe for the image families (components/core/static_int8.py):
+    """One static int8 (QDQ) recipe for the image families (components/core/quantization/static_int8.py):
     every convolution's weights per output channel, its activations uint8 calibrated by min/max
     on photos, the activations between convolutions (ReLU/Clip, Add, pooling) kept in int8 where
     ONNX Runtime has the kernel.
@@ -105,7 +105,7 @@ class StaticInt8:
 
 
 # The static recipes a build may pin by name (the search picks the weight width by the build CPU,
-# components/core/static_int8.py, and tries the uncorrected form when the corrected one misses).
+# components/core/quantization/static_int8.py, and tries the uncorrected form when the corrected one misses).
 STATIC_INT8_RECIPES: dict[str, StaticInt8] = {
     r.name: r
     for bits in (8, 7)

@@ -1,0 +1,8 @@
+"""Quantization: every precision below fp32 the build makes, in one room.
+
+- graph_recipes.py  the transformer fusions, fp16 conversion and dynamic int8 of the text tasks
+- recipes.py        the named int8 recipes a build may pin (`--int8-recipe`)
+- int8_search.py    the search that picks the fastest int8 recipe within the parity budget
+- static_int8.py    int8 on ONNX Runtime's int8 kernels for the image tasks (calibration, bias
+                    correction, the gate-driven fallback to float, the kernel census)
+"""
