@@ -21,7 +21,7 @@ def optimize_variant(
     Args:
         exported: The export step's directory.
         target: Target preset: cpu or cuda.
-        precision: fp32 or int8 (cpu); fp16 or fp32 (cuda).
+        precision: fp32, int8 or int4 (cpu; int4 for text-generation); fp16 or fp32 (cuda).
         variant: Directory with model.onnx and optimize.json (what it was built for).
         metrics: optimize.nodes_before, optimize.nodes_after, optimize.mb, optimize.seconds,
             optimize.fusions.<op>.

@@ -186,6 +186,24 @@ class Int8Recipe(_Strict):
         return (self.weight_bits or 0) >= 8
 
 
+class WeightOnlyRecipe(_Strict):
+    """How an int4 variant was quantized (components/core/quantization/weight_only.py): the recipe
+    chosen by search and its rule, every candidate's numbers, the weights' bits, block size and
+    ONNX Runtime accuracy level, whether the embedding table is quantized too, and the layer groups
+    kept in float with the KL each added alone (their sensitivity), where the search returned any."""
+
+    recipe: str
+    candidate: str = ""
+    rule: str = ""
+    candidates: dict[str, Int8Candidate] = Field(default_factory=dict)
+    bits: int
+    block_size: int
+    accuracy_level: int
+    embeddings: bool = False
+    float_layers: dict[str, float] = Field(default_factory=dict)
+    sensitivity: dict[str, float] = Field(default_factory=dict)
+
+
 class OptimizeSection(_Strict):
     """What the optimize step did to the graph: nodes before/after, the fuser and what it fused,
     the operators left, size and time, and for int8 the recipe."""
@@ -198,6 +216,7 @@ class OptimizeSection(_Strict):
     mb: float
     seconds: float
     int8: Int8Recipe | None = None
+    int4: WeightOnlyRecipe | None = None
 
 
 class ProbeSet(_Strict):
@@ -256,7 +275,7 @@ class Variant(_Strict):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     target: str
     execution_providers: list[str]
-    precision: Literal["fp32", "fp16", "int8"]
+    precision: Literal["fp32", "fp16", "int8", "int4"]
     file: str
     ort_version: str
     opset: int

@@ -131,6 +131,9 @@ class EngineSpec:
     name: str
     open: Callable[[EngineContext], Engine]
     probe_metrics: ProbeMetrics
+    # A generation engine runs its own loop over one session (kernel/generation/): the server gives
+    # that session every core and runs no batcher workers or lone session beside it
+    own_loop: bool = False
 
 
 def declared_cost(tensor: Tensor) -> Callable[[Any], float]:

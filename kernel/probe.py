@@ -10,7 +10,8 @@ runs the same code on the build machine and records the result in the manifest, 
 on a node means this node computes differently, not that the probe is too small.
 
 Text probes hold the sentences; image probes hold encoded JPEG/PNG files (the decoder is part of
-the checked path). numpy only, plus what the engine needs.
+the checked path); generation probes hold token sequences, each a prompt and PyTorch's greedy
+continuation of it. numpy only, plus what the engine needs.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from ortpack.kernel.gates import GateTable, gate
 
 PROBE_FILE = "probe/probe.npz"
 FORMAT = 2  # outputs by name, per item (1: one unnamed output row per input, read as the task's first output)
-Kind = Literal["texts", "pairs", "files"]
+Kind = Literal["texts", "pairs", "files", "sequences"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Probe:
-    """Inputs (`kind`: texts, (query, document) pairs, or encoded image files) and PyTorch's
+    """Inputs (`kind`: texts, (query, document) pairs, encoded image files, or (prompt ids,
+    continuation ids) sequences as int64 arrays) and PyTorch's
     outputs for each, by the task's declared output names: one row of each per-item output, and
     the item's own rows (perhaps none) of each output named in `varying` (a detector's boxes)."""
 
@@ -60,6 +62,11 @@ class Probe:
             sizes = np.array([len(b) for b in self.inputs], dtype=np.int64)
             arrays["offsets"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             arrays["data"] = np.frombuffer(b"".join(self.inputs), dtype=np.uint8)
+        elif self.kind == "sequences":
+            for part, name in ((0, "prompt"), (1, "continuation")):
+                rows = [np.asarray(seq[part], dtype=np.int64) for seq in self.inputs]
+                arrays[f"{name}_ids"] = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+                arrays[f"{name}_ends"] = np.cumsum([len(r) for r in rows]).astype(np.int64)
         elif self.kind == "pairs":
             arrays["texts"] = np.array([str(a) for a, _ in self.inputs])
             arrays["texts_pair"] = np.array([str(b) for _, b in self.inputs])
@@ -87,6 +94,10 @@ class Probe:
                 inputs: list[Any] = [(str(a), str(b)) for a, b in zip(npz["texts"], npz["texts_pair"], strict=True)]
             elif "texts" in npz:
                 kind, inputs = "texts", [str(t) for t in npz["texts"]]
+            elif "prompt_ids" in npz:
+                kind = "sequences"
+                parts = [np.split(npz[f"{name}_ids"], npz[f"{name}_ends"][:-1]) for name in ("prompt", "continuation")]
+                inputs = list(zip(*parts, strict=True)) if len(npz["prompt_ends"]) else []
             else:
                 kind = "files"
                 offsets, blob = npz["offsets"], npz["data"].tobytes()

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+# int4 is weight-only (MatMulNBits), for the tasks whose family quantizes to it (decoders)
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +45,8 @@ TARGETS: dict[str, Target] = {
     "cpu": Target(
         name="cpu",
         execution_providers=("CPUExecutionProvider",),
-        precisions=("fp32", "int8"),
-        preference=("int8", "fp32"),
+        precisions=("fp32", "int8", "int4"),
+        preference=("int4", "int8", "fp32"),
         default_precisions=("fp32", "int8"),
         offline_optimization_level="extended",
         use_gpu_fusions=False,

@@ -287,7 +287,7 @@ def make_pipeline(
                 file; default random), labels (a file, path or URI; default the weights'
                 categories), resize_size, crop_size, mean, std, and validation_images /
                 calibration_images (directories of photos, as the step sees them).
-            cpu_precisions: Precisions to build for the cpu target (fp32, int8).
+            cpu_precisions: Precisions to build for the cpu target (fp32, int8; int4 for text-generation).
             cuda_precisions: Precisions to build for the cuda target (fp16, fp32).
             thresholds: Parity threshold overrides, {precision or "*": {name: value}}.
             int8_recipe: Build the int8 variants with this recipe instead of the task's search

@@ -55,6 +55,12 @@ class ServeConfig:
     intra_op_threads: int = 1
     lone_threads: int = 0  # default: workers x intra-op threads (every core the server uses)
     warmup: bool = True
+    # text-generation bundles (serving/tasks/text_generation.py)
+    default_max_tokens: int = 512
+    max_running_sequences: int = 32
+    max_waiting_sequences: int = 256
+    prefill_chunk: int = 512
+    kv_cache_share: float = 0.8
     max_connections: int = 1024
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
@@ -96,6 +102,17 @@ class ServeConfig:
             (self.intra_op_threads >= 0, f"--intra-op-threads must be >= 0, got {self.intra_op_threads}"),
             (self.lone_threads >= 0, f"--lone-threads must be >= 0, got {self.lone_threads}"),
             (all(b > 0 for b in self.buckets), f"--buckets must be positive, got {self.buckets}"),
+            (self.default_max_tokens >= 1, f"--default-max-tokens must be >= 1, got {self.default_max_tokens}"),
+            (
+                1 <= self.max_running_sequences <= 1024,
+                f"--max-running-sequences must be in 1..1024, got {self.max_running_sequences}",
+            ),
+            (
+                self.max_waiting_sequences >= 0,
+                f"--max-waiting-sequences must be >= 0, got {self.max_waiting_sequences}",
+            ),
+            (self.prefill_chunk >= 16, f"--prefill-chunk must be >= 16, got {self.prefill_chunk}"),
+            (0 < self.kv_cache_share < 1, f"--kv-cache-share must be between 0 and 1, got {self.kv_cache_share}"),
             (self.max_connections >= 1, f"--max-connections must be >= 1, got {self.max_connections}"),
             (self.max_header_bytes >= 1024, f"--max-header-bytes must be >= 1024, got {self.max_header_bytes}"),
             (self.max_headers >= 1, f"--max-headers must be >= 1, got {self.max_headers}"),
@@ -206,6 +223,14 @@ _HELP = {
     "at low load one request uses every core, under load the workers run side by side. A second session of the "
     "model, spinning while it runs; 1 (or no more than --intra-op-threads) turns it off",
     "warmup": "run every bucket shape once before reporting ready",
+    "default_max_tokens": "text-generation: the max_tokens of a request that names none (OpenAI completions: 16), "
+    "within the context",
+    "max_running_sequences": "text-generation: most sequences decoded together in one batch",
+    "max_waiting_sequences": "text-generation: most admitted sequences waiting for their prefill; more get 429",
+    "prefill_chunk": "text-generation: most prompt tokens prefilled in one step (fewer while others decode, so a "
+    "long prompt at most doubles their time between tokens)",
+    "kv_cache_share": "text-generation: share of the memory left once the model is loaded that the key/value cache "
+    "may hold; a request holds its prompt plus max_tokens, and one that does not fit gets 429",
     "max_connections": "most open client connections; more are answered 503 and closed",
     "max_header_bytes": "largest request line + headers in bytes; larger gets 431 and the connection closes",
     "max_headers": "most request header fields; more gets 431",

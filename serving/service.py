@@ -49,6 +49,7 @@ from ortpack.serving.memory import (
 from ortpack.serving.metrics import Metrics
 from ortpack.serving.startup import Timeline
 from ortpack.serving.tasks import LoadContext, TaskRuntime, get_task
+from ortpack.serving.tasks.contract import Lifecycle
 
 log = logging.getLogger("ortpack.serve")
 # An image model's working memory per pixel run at once, at least: the graph's preprocessing turns
@@ -261,6 +262,8 @@ class ModelService:
             how = "measured at warm-up" if per_pixel > WORKING_BYTES_PER_PIXEL else "the least the graph needs"
             log.info("image working memory: %.1f bytes per pixel run at once (%s)", per_pixel, how)
         self.cost_per_byte = self.cost_per_byte or self.engine.cost_per_byte
+        if isinstance(self.runtime, Lifecycle):  # the generation loop: sized from the budget, then warmed
+            await self.runtime.start(self)
         self.ready = True
         self.metrics.ready.set(1)
         if self.lone_opener is not None:
@@ -272,6 +275,8 @@ class ModelService:
     async def stop(self) -> None:
         self.ready, self.draining = False, True
         self.metrics.ready.set(0)
+        if isinstance(self.runtime, Lifecycle):
+            await self.runtime.stop()
         await self.batcher.stop(drain=True)
         await asyncio.to_thread(self.join_threads)
 
@@ -499,7 +504,11 @@ def _session(bundle_dir: Path, manifest: Manifest, variant: Variant, config: Ser
     """Read and hash the variant's file and open its session from those bytes (on a pool thread:
     the hashing and most of the session's optimization release the GIL)."""
     model = read_verified(bundle_dir, manifest, variant.file)
-    session, plan = serving_session(model, variant, intra_op_threads=config.intra_op_threads)
+    # an engine that runs its own loop (generation) steps one session at a time: every core, spinning
+    # between the operators of a step
+    own_loop = get_engine(manifest.task).own_loop
+    threads = config.lone_thread_count if own_loop else config.intra_op_threads
+    session, plan = serving_session(model, variant, intra_op_threads=threads, allow_spinning=own_loop)
     return Opened(model, session, plan)
 
 
@@ -543,7 +552,7 @@ def _open(
     except ValueError as exc:  # the bundle and the server's options disagree: one line, exit 2
         raise BundleError(str(exc)) from None
     lone_opener: Callable[[], Engine] | None = None
-    if config.lone_thread_count > max(1, config.intra_op_threads):
+    if config.lone_thread_count > max(1, config.intra_op_threads) and not get_engine(manifest.task).own_loop:
 
         def open_lone() -> Engine:
             """The same verified bytes in a second session with every core, for batches that run alone."""

@@ -44,6 +44,9 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+_TEMPLATE = b"{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
 def _tokenizer_json() -> bytes:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -71,7 +74,9 @@ def document(case: str) -> dict[str, Any]:
     }
     manifest = Manifest.model_validate(fields)
     config = ServeConfig(bundle="golden")
-    files = {"tokenizer.json": _tokenizer_json()}
+    # the tokenizer, and any other shared file a task reads (a chat template)
+    files = {name: _TEMPLATE for name in manifest.task_settings.shared_files()}
+    files["tokenizer.json"] = _tokenizer_json()
     # routes and schemas do not need the model: an engine without a session
     engine = open_engine(manifest, None, files, variant=manifest.variants[0], options=engine_options(config))
     context = LoadContext(manifest=manifest, variant=manifest.variants[0], engine=engine, config=config)

@@ -23,10 +23,46 @@ ROUTE_CASES = {
     "/v1/ner": "token-classification",
     "/v1/detect/json": "object-detection",
     "/v1/embeddings#image": "image-embedding",  # the same path, images in `input`: ROUTE#CASE
+    "/v1/chat/completions": "text-generation",
+    "/v1/completions": "text-generation",
 }
 
 # route -> [(body, valid by the schema)]
+_CHAT = [{"role": "user", "content": "Say hello."}]
 BODIES: dict[str, list[tuple[dict[str, Any], bool]]] = {
+    "/v1/chat/completions": [
+        ({"messages": _CHAT}, True),
+        ({"messages": _CHAT, "max_tokens": 4, "temperature": 0, "top_p": 0.5, "seed": 3}, True),
+        ({"messages": _CHAT, "max_completion_tokens": 4, "stop": ["\n", "."], "n": 2}, True),
+        ({"messages": _CHAT, "max_tokens": 2, "logprobs": True, "top_logprobs": 2}, True),
+        ({"messages": _CHAT, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}, True),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 2}, True),
+        ({"messages": _CHAT, "max_tokens": 2, "top_k": 5, "ignore_eos": True, "user": "u-1"}, True),
+        ({}, False),
+        ({"messages": []}, False),
+        ({"messages": "hello"}, False),
+        ({"messages": [{"content": "no role"}]}, False),
+        ({"messages": _CHAT, "max_tokens": 0}, False),
+        ({"messages": _CHAT, "temperature": 3}, False),
+        ({"messages": _CHAT, "top_p": 0}, False),
+        ({"messages": _CHAT, "n": 0}, False),
+        ({"messages": _CHAT, "top_logprobs": 21}, False),
+        ({"messages": _CHAT, "stop": 5}, False),
+        ({"messages": _CHAT, "stream": "yes"}, False),
+    ],
+    "/v1/completions": [
+        ({"prompt": "Once upon a time"}, True),
+        ({"prompt": ["one", "two"], "max_tokens": 3, "temperature": 0}, True),
+        ({"prompt": [5, 6, 7], "max_tokens": 3}, True),
+        ({"prompt": [[5, 6], [7]], "max_tokens": 3, "logprobs": 2}, True),
+        ({"prompt": "x", "stream": True, "stop": "."}, True),
+        ({}, False),
+        ({"prompt": 5}, False),
+        ({"prompt": [1.5]}, False),
+        ({"prompt": "x", "max_tokens": -1}, False),
+        ({"prompt": "x", "logprobs": 21}, False),
+        ({"prompt": "x", "top_k": -1}, False),
+    ],
     "/v1/embeddings": [
         ({"input": "hello"}, True),
         ({"input": ["hello", "world"]}, True),

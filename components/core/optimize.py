@@ -27,8 +27,8 @@ from ortpack.components.core.artifacts import ExportResult, OptimizeResult
 from ortpack.components.core.benchmark import bench_feeds
 from ortpack.components.core.errors import UnsupportedHereError
 from ortpack.components.core.quantization.graph_recipes import to_fp16
-from ortpack.components.core.specs import VariantSpec, get_target
 from ortpack.components.core.quantization.static_int8 import kernel_census
+from ortpack.components.core.specs import VariantSpec, get_target
 from ortpack.components.core.tasks import check_int8_recipe, get_family
 from ortpack.components.core.timing import measure_interleaved, timed
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
@@ -56,6 +56,9 @@ _COUNTED_OPS = (
     "MatMulIntegerToFloat",
     "QLinearConv",
     "QLinearMatMul",
+    "MatMulNBits",
+    "GatherBlockQuantized",
+    "GroupQueryAttention",
     "FusedConv",
     "FusedMatMul",
     "FusedGemm",
@@ -104,7 +107,49 @@ def ort_offline_optimize(src: Path, dst: Path, level: str, providers: list[str])
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_LEVELS[level])
     options.optimized_model_filepath = str(dst)
     options.log_severity_level = 3
+    if data_file(src).is_file():  # weights beyond one protobuf file's 2 GB stay in a data file
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_file(dst).name)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(src), options, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+
+
+DATA_SUFFIX = ".data"  # a graph's weights beside it (`model.onnx.data`) when they pass 2 GB
+
+
+def data_file(graph: Path) -> Path:
+    return graph.with_name(graph.name + DATA_SUFFIX)
+
+
+def graph_files(graph: Path) -> list[Path]:
+    """The graph's file and, where it has one, its data file."""
+    return [graph, *([data_file(graph)] if data_file(graph).is_file() else [])]
+
+
+def needs_external_data(model: Any) -> bool:
+    """Whether a graph's weights are past what one protobuf file holds (with a margin)."""
+    return sum(t.ByteSize() for t in model.graph.initializer) > 1_800_000_000
+
+
+def copy_graph(src: Path, dst: Path) -> None:
+    """Copy a graph and its data file; under another name, the graph is saved again so that it
+    names its new data file (the data file's name is written inside the graph)."""
+    import onnx
+
+    if not data_file(src).is_file():
+        shutil.copyfile(src, dst)
+    elif src.name == dst.name:
+        shutil.copyfile(src, dst)
+        shutil.copyfile(data_file(src), data_file(dst))
+    else:
+        model = onnx.load(str(src))
+        onnx.save(
+            model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True, location=data_file(dst).name
+        )
+
+
+def remove_graph(graph: Path) -> None:
+    for file in (graph, data_file(graph)):
+        file.unlink(missing_ok=True)
 
 
 def optimize_model(
@@ -128,25 +173,39 @@ def optimize_model(
 
     family = get_family(export.task)
     int8: dict[str, Any] | None = None
+    int4: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="ortpack-opt-") as tmp:
         work = Path(tmp)
         if family.fuse is not None:
             model, fusions, fuser = family.fuse(raw, export, target.use_gpu_fusions)
-        else:
+            staged = work / "staged.onnx"
+            model.save_model_to_file(str(staged), use_external_data_format=needs_external_data(model.model))
+        elif variant.precision == "fp16":
             from onnxruntime.transformers.onnx_model import OnnxModel
 
             model, fusions, fuser = OnnxModel(onnx.load(str(raw))), {}, "none"
+            staged = work / "staged.onnx"
+        else:  # nothing to change before quantizing: the raw graph (and its data file) as it is
+            fusions, fuser, staged = {}, "none", work / "raw" / raw.name
+            staged.parent.mkdir()
+            copy_graph(raw, staged)
         if variant.precision == "fp16":
             to_fp16(model)
-        staged = work / "staged.onnx"
-        model.save_model_to_file(str(staged))
+            model.save_model_to_file(str(staged), use_external_data_format=needs_external_data(model.model))
         if variant.precision == "int8":
             quantized = work / "int8.onnx"
             int8 = family.quantize_int8(staged, quantized, export, export_dir, int8_recipe or None)
             staged = quantized
+        if variant.precision == "int4":
+            if family.quantize_int4 is None:
+                raise UnsupportedHereError(f"task {export.task} has no int4 variant")
+            quantized = work / "int4.onnx"
+            int4 = family.quantize_int4(staged, quantized, export, export_dir)
+            staged = quantized
         final = out_dir / "model.onnx"
+        remove_graph(final)
         if target.offline_optimization_level == "disabled":
-            shutil.copyfile(staged, final)
+            copy_graph(staged, final)
         else:
             if not set(target.execution_providers) <= set(available):
                 raise UnsupportedHereError(
@@ -179,9 +238,10 @@ def optimize_model(
             "fuser": fuser,
             "fusions": fusions,
             "ops_after": op_histogram(optimized),
-            "mb": final.stat().st_size / 1e6,
+            "mb": sum(f.stat().st_size for f in graph_files(final)) / 1e6,
             "seconds": seconds,
             **({"int8": int8} if int8 else {}),
+            **({"int4": int4} if int4 else {}),
         },
     )
     result.save(out_dir)

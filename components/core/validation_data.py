@@ -32,6 +32,21 @@ def retrieval_queries() -> tuple[str, ...]:
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
+@cache
+def generation_prompts() -> tuple[str, ...]:
+    """16 prompts a decoder's greedy continuations are compared on: prose, a question, code, SQL, a
+    list, a letter, German and French, short and long."""
+    text = resources.files("ortpack.components.core").joinpath("data/generation_prompts.jsonl").read_text("utf-8")
+    return tuple(json.loads(line)["prompt"] for line in text.splitlines() if line.strip())
+
+
+@cache
+def perplexity_text() -> str:
+    """~330 words of plain English prose (a lighthouse, cooking, software) a decoder's perplexity is
+    measured on, PyTorch's and each variant's."""
+    return resources.files("ortpack.components.core").joinpath("data/perplexity_text.txt").read_text("utf-8")
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """A generated validation image: rendered the same way wherever it is needed (no files)."""

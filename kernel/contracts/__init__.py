@@ -60,6 +60,7 @@ def _registry() -> dict[str, TaskContract]:
         semantic_segmentation,
         text_classification,
         text_embedding,
+        text_generation,
         token_classification,
     )
 
@@ -71,6 +72,7 @@ def _registry() -> dict[str, TaskContract]:
         object_detection.CONTRACT,
         image_embedding.CONTRACT,
         semantic_segmentation.CONTRACT,
+        text_generation.CONTRACT,
     )
     return {contract.name: contract for contract in contracts}
 

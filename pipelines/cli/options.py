@@ -210,7 +210,8 @@ def add_variants(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--precisions",
         default="fp32,int8",
-        help="comma-separated precisions: fp32, int8 (cpu), fp16 (cuda) (default: fp32,int8)",
+        help="comma-separated precisions: fp32, int8, int4 (cpu; int4: text-generation only), fp16 (cuda) "
+        "(default: fp32,int8)",
     )
     add_version(p)
     add_thresholds(p)

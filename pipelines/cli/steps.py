@@ -53,7 +53,9 @@ def add_commands(sub: Any) -> None:
     p = add_command(sub, "optimize", cmd_optimize, "build one variant (target x precision) from an export")
     p.add_argument("--export", required=True, help="directory written by `ortpack export`")
     p.add_argument("--target", required=True, help="target preset: cpu or cuda")
-    p.add_argument("--precision", required=True, help="fp32 or int8 (cpu), fp16 or fp32 (cuda)")
+    p.add_argument(
+        "--precision", required=True, help="fp32, int8 or int4 (cpu; int4: text-generation), fp16 or fp32 (cuda)"
+    )
     p.add_argument("--out", required=True, help="directory to write (model.onnx, optimize.json)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     add_int8_recipe(p)

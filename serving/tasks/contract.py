@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from ortpack.kernel.bundle import Manifest, Variant
@@ -80,6 +80,17 @@ class TaskRuntime(Protocol):
     def describe(self) -> str:
         """One sentence for the OpenAPI document: what this server does."""
         ...
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """A runtime with work of its own beside the batcher (the generation loop): started once the
+    server is warm, before it turns ready (`service`: the ModelService, whose memory budget and
+    metrics it may use), and stopped first at shutdown."""
+
+    async def start(self, service: Any) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -159,8 +159,8 @@ def test_shipped_int8_recipe_matches_exact_integer_math(tmp_path: Path, recipe: 
     offline as the optimize step ships it) equals exact int32 arithmetic."""
     import onnxruntime as ort
 
-    from ortpack.components.core.quantization.graph_recipes import quantize_int8_dynamic
     from ortpack.components.core.optimize import ort_offline_optimize
+    from ortpack.components.core.quantization.graph_recipes import quantize_int8_dynamic
 
     x, weights = _worst_case()
     _matmul_model(tmp_path / "fp32.onnx", weights)

@@ -754,7 +754,11 @@ def test_int8_runs_on_int8_kernels_with_the_weight_width_this_cpu_sums_exactly(
     from onnx import TensorProto, numpy_helper
 
     from ortpack.components.core.artifacts import OptimizeResult
-    from ortpack.components.core.quantization.static_int8 import kernel_census, quantizable_convolutions, weight_bits_here
+    from ortpack.components.core.quantization.static_int8 import (
+        kernel_census,
+        quantizable_convolutions,
+        weight_bits_here,
+    )
 
     built = OptimizeResult.load(image_variants["cpu-int8"])
     record = built.metrics["int8"]

@@ -5,4 +5,6 @@
 - int8_search.py    the search that picks the fastest int8 recipe within the parity budget
 - static_int8.py    int8 on ONNX Runtime's int8 kernels for the image tasks (calibration, bias
                     correction, the gate-driven fallback to float, the kernel census)
+- weight_only.py    weight-only int4 and int8 (`MatMulNBits`) for decoders, with the search that
+                    keeps the costliest layers in float until the gate passes
 """

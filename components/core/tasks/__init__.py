@@ -30,6 +30,7 @@ from ortpack.components.core.tasks import (
     semantic_segmentation,
     text_classification,
     text_embedding,
+    text_generation,
     token_classification,
 )
 from ortpack.components.core.tasks.family import TaskFamily
@@ -50,6 +51,7 @@ FAMILIES: dict[str, TaskFamily] = {
         object_detection.FAMILY,
         image_embedding.FAMILY,
         semantic_segmentation.FAMILY,
+        text_generation.FAMILY,
     )
 }
 
@@ -94,8 +96,12 @@ def check_export_spec(spec: ExportSpec) -> None:
 
 
 def default_thresholds(task: str, precision: str) -> ParityThresholds:
-    """The task family's default gate for a precision."""
-    return get_family(task).thresholds[precision]
+    """The task family's default gate for a precision (a precision the task does not build is
+    refused: int4 is weight-only quantization for decoders)."""
+    family = get_family(task)
+    if precision not in family.thresholds:
+        raise InvalidSpecError(f"task {task!r} has no {precision} variant (it builds {', '.join(family.thresholds)})")
+    return family.thresholds[precision]
 
 
 def thresholds_for(task: str, precision: str, overrides: dict[str, dict[str, float]] | None = None) -> ParityThresholds:

@@ -59,6 +59,9 @@ class TaskFamily:
     quantize_int8: Callable[[Path, Path, ExportResult, Path, str | None], dict[str, Any] | None]
     select_probe: Callable[[ExportResult, Path], Probe]
     report: ReportSpec
+    # (graph to quantize, int4 graph to write, export, export dir) -> what it chose and measured (the
+    # optimize step's `int4` metrics); None: the task has no int4 variant (weight-only int4 is for decoders)
+    quantize_int4: Callable[[Path, Path, ExportResult, Path], dict[str, Any]] | None = None
     # transformer fusions before the precision conversion:
     # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
     fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None
