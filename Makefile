@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
+.PHONY: install trained run test unit lint typecheck format bench coverage coverage-generation clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ bench: $(STAMP)
 # The encoder-family coverage table (bench/results/coverage.md, shown in the README).
 coverage: $(STAMP)
 	$(PY) bench/coverage.py
+
+# The decoder-family coverage table (bench/results/generation_coverage.md): every family of
+# tests/causal_lms.py exported, built cpu fp32 and int4, and gated.
+coverage-generation: $(STAMP)
+	$(PY) bench/generation_coverage.py
 
 # The serving benchmark needs wrk (Debian package) and a bundle from `make run`.
 bench-serve: $(STAMP)

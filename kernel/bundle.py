@@ -277,6 +277,9 @@ class Variant(_Strict):
     execution_providers: list[str]
     precision: Literal["fp32", "fp16", "int8", "int4"]
     file: str
+    # the graph's weights when they pass what one protobuf file holds (2 GB): `file` + ".data",
+    # named inside the graph (a 0.5B-parameter decoder in fp32 is 2 GB)
+    data_file: str | None = None
     ort_version: str
     opset: int
     offline_optimization_level: Literal["disabled", "basic", "extended", "all"]
@@ -340,6 +343,7 @@ class Manifest(_Strict):
     def referenced_files(self) -> list[str]:
         """Files the manifest itself points at (variants, tokenizer): they must be listed."""
         names = [v.file for v in self.variants]
+        names += [v.data_file for v in self.variants if v.data_file is not None]
         names += self.task_settings.shared_files()
         if self.probe is not None:
             names.append(self.probe.file)
@@ -382,6 +386,17 @@ def embedding_space(manifest: Manifest, variant: Variant) -> EmbeddingSpace | No
 def variant_file(variant_id: str) -> str:
     """Where a variant's graph lives in a bundle: the layout, defined once."""
     return f"variants/{variant_id}/model.onnx"
+
+
+DATA_SUFFIX = ".data"  # a graph's weights file beside it (`model.onnx.data`), where it has one
+
+
+def read_variant(bundle_dir: Path, manifest: Manifest, variant: Variant) -> tuple[bytes, dict[str, bytes]]:
+    """A variant's graph and its weights file (by the name the graph gives it), read and verified."""
+    model = read_verified(bundle_dir, manifest, variant.file)
+    if variant.data_file is None:
+        return model, {}
+    return model, {Path(variant.data_file).name: read_verified(bundle_dir, manifest, variant.data_file)}
 
 
 def check_task_settings(task: str, settings: Mapping[str, Any]) -> TaskSettings:

@@ -23,6 +23,7 @@ from ortpack.kernel.bundle import (
     Variant,
     embedding_space,
     read_manifest,
+    read_variant,
     read_verified,
     verify_bundle,
 )
@@ -498,18 +499,19 @@ class Opened:
     model: bytes
     session: Any
     plan: SessionPlan
+    data: dict[str, bytes] = field(default_factory=dict)  # the graph's weights file, where it has one
 
 
 def _session(bundle_dir: Path, manifest: Manifest, variant: Variant, config: ServeConfig) -> Opened:
     """Read and hash the variant's file and open its session from those bytes (on a pool thread:
     the hashing and most of the session's optimization release the GIL)."""
-    model = read_verified(bundle_dir, manifest, variant.file)
+    model, data = read_variant(bundle_dir, manifest, variant)
     # an engine that runs its own loop (generation) steps one session at a time: every core, spinning
     # between the operators of a step
     own_loop = get_engine(manifest.task).own_loop
     threads = config.lone_thread_count if own_loop else config.intra_op_threads
-    session, plan = serving_session(model, variant, intra_op_threads=threads, allow_spinning=own_loop)
-    return Opened(model, session, plan)
+    session, plan = serving_session(model, variant, intra_op_threads=threads, allow_spinning=own_loop, data=data)
+    return Opened(model, session, plan, data)
 
 
 def _engine(manifest: Manifest, variant: Variant, files: dict[str, bytes], config: ServeConfig) -> Engine:
@@ -556,7 +558,9 @@ def _open(
 
         def open_lone() -> Engine:
             """The same verified bytes in a second session with every core, for batches that run alone."""
-            session, _ = serving_session(model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True)
+            session, _ = serving_session(
+                model, variant, intra_op_threads=config.lone_thread_count, allow_spinning=True, data=opened.data
+            )
             return engine.on(session)
 
         lone_opener = open_lone

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from ortpack.components.core.errors import ParityError
-from ortpack.kernel.bundle import check_task_settings
+from ortpack.kernel.bundle import DATA_SUFFIX, check_task_settings
 from ortpack.kernel.contracts import get_contract
 from ortpack.kernel.engine import Engine, EngineContext
 from ortpack.kernel.engines import get_engine
@@ -222,8 +222,10 @@ def gather_variant(model_dir: Path, parity_dir: Path, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     built = OptimizeResult.load(model_dir)
+    data = Path(model_dir) / (built.model_file + DATA_SUFFIX)  # weights beyond 2 GB (components/core/graph_files.py)
     for src in (
         Path(model_dir) / built.model_file,
+        *([data] if data.is_file() else []),
         Path(model_dir) / OptimizeResult.FILE,
         Path(parity_dir) / ParityReport.FILE,
     ):

@@ -15,7 +15,6 @@ GPU session; the server enables online optimization for such variants instead).
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from typing import Any
 from ortpack.components.core.artifacts import ExportResult, OptimizeResult
 from ortpack.components.core.benchmark import bench_feeds
 from ortpack.components.core.errors import UnsupportedHereError
+from ortpack.components.core.graph_files import copy_graph, data_file, graph_files, needs_external_data, remove_graph
 from ortpack.components.core.quantization.graph_recipes import to_fp16
 from ortpack.components.core.quantization.static_int8 import kernel_census
 from ortpack.components.core.specs import VariantSpec, get_target
@@ -111,45 +111,6 @@ def ort_offline_optimize(src: Path, dst: Path, level: str, providers: list[str])
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_file(dst).name)
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(src), options, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
-
-
-DATA_SUFFIX = ".data"  # a graph's weights beside it (`model.onnx.data`) when they pass 2 GB
-
-
-def data_file(graph: Path) -> Path:
-    return graph.with_name(graph.name + DATA_SUFFIX)
-
-
-def graph_files(graph: Path) -> list[Path]:
-    """The graph's file and, where it has one, its data file."""
-    return [graph, *([data_file(graph)] if data_file(graph).is_file() else [])]
-
-
-def needs_external_data(model: Any) -> bool:
-    """Whether a graph's weights are past what one protobuf file holds (with a margin)."""
-    return sum(t.ByteSize() for t in model.graph.initializer) > 1_800_000_000
-
-
-def copy_graph(src: Path, dst: Path) -> None:
-    """Copy a graph and its data file; under another name, the graph is saved again so that it
-    names its new data file (the data file's name is written inside the graph)."""
-    import onnx
-
-    if not data_file(src).is_file():
-        shutil.copyfile(src, dst)
-    elif src.name == dst.name:
-        shutil.copyfile(src, dst)
-        shutil.copyfile(data_file(src), data_file(dst))
-    else:
-        model = onnx.load(str(src))
-        onnx.save(
-            model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True, location=data_file(dst).name
-        )
-
-
-def remove_graph(graph: Path) -> None:
-    for file in (graph, data_file(graph)):
-        file.unlink(missing_ok=True)
 
 
 def optimize_model(

@@ -11,7 +11,7 @@ from typing import Any
 from ortpack.components.core.artifacts import BenchmarkResult, ExportResult, OptimizeResult, ParityReport, VariantRecord
 from ortpack.components.core.errors import InvalidSpecError, NoVariantPassedError
 from ortpack.components.core.sources import ARCHIVE_SUFFIXES, s3_client, s3_errors, uri_scheme
-from ortpack.kernel.bundle import Manifest, sha256_file, variant_file, verify_bundle, write_bundle
+from ortpack.kernel.bundle import DATA_SUFFIX, Manifest, sha256_file, variant_file, verify_bundle, write_bundle
 from ortpack.kernel.oci import OciReference, push_bundle
 from ortpack.kernel.probe import Probe
 from ortpack.kernel.signing import sign_bundle
@@ -77,6 +77,10 @@ def package_bundle(
             log.warning("package: dropping %s", rec.parity.summary())
             continue
         entry = variant_record(rec.built, rec.parity, rec.benchmark)
+        data = rec.model_dir / (rec.built.model_file + DATA_SUFFIX)
+        if data.is_file():  # weights beyond 2 GB, beside the graph (named inside it)
+            entry["data_file"] = entry["file"] + DATA_SUFFIX
+            files[entry["data_file"]] = data
         variants.append(entry)
         files[entry["file"]] = rec.model_dir / rec.built.model_file
     if not variants:

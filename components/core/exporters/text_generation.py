@@ -42,6 +42,7 @@ from ortpack.components.core.exporters.text_common import (
     text_versions,
     weights_file,
 )
+from ortpack.components.core.graph_files import save_graph
 from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
 from ortpack.components.core.timing import measure_latency
@@ -72,9 +73,6 @@ PERPLEXITY_TOKENS = 512  # of the shipped text, at most
 # tensors, which ONNX allows from opset 21 (the weight-only quantizer forces 21 onto an older
 # graph, which breaks its ReduceMean nodes)
 GENERATION_OPSET = 21
-# External data beyond this: one protobuf file holds at most 2 GB
-EXTERNAL_DATA_BYTES = 1_800_000_000
-DATA_SUFFIX = ".data"
 # The chat conversations the template is checked on (rendered by the kernel against transformers)
 CHAT_CHECKS = (
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -161,7 +159,12 @@ def load_causal_lm(model_dir: Path, weights: Path) -> tuple[Any, Any]:
 def cache_geometry(model: nn.Module) -> tuple[int, int, int]:
     """(layers, key/value heads, head width) of the cache the model fills, read off one forward."""
     out = model(input_ids=torch.ones(1, 2, dtype=torch.long), use_cache=True)
-    layers = out.cache.layers
+    layers = getattr(getattr(out, "cache", None), "layers", None)
+    if not layers:  # transformers loads BERT "for causal LM" too, as a model that keeps no cache
+        raise ModelLoadError(
+            f"{model.config.model_type} keeps no key/value cache when it generates: text-generation takes a "
+            "decoder language model (Llama, Qwen, Mistral, Phi, Gemma, GPT-2...)"
+        )
     shapes = {tuple(t.shape[1::2]) for layer in layers for t in (layer.keys, layer.values)}
     if len(shapes) != 1:
         raise ExportError(f"layers cache keys and values of different shapes {sorted(shapes)}; not supported yet")
@@ -237,22 +240,6 @@ def export_graph(step: DecoderStep, path: Path, geometry: tuple[int, int, int], 
         leftover.unlink()
     staging.rmdir()
     return {i.name for i in graph.graph.input}
-
-
-def save_graph(graph: Any, path: Path) -> list[Path]:
-    """Save `graph` at `path`, its weights in `path` + ".data" when they pass EXTERNAL_DATA_BYTES;
-    returns the files written."""
-    import onnx
-
-    size = sum(t.ByteSize() for t in graph.graph.initializer)
-    data = path.with_name(path.name + DATA_SUFFIX)
-    if data.exists():
-        data.unlink()
-    if size <= EXTERNAL_DATA_BYTES:
-        onnx.save(graph, str(path))
-        return [path]
-    onnx.save(graph, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
-    return [path, data]
 
 
 def tokenize_checked(tokenizer_file: Path, hf_tokenizer: Any, texts: list[str]) -> list[list[int]]:
@@ -419,7 +406,10 @@ def export_text_generation(spec: ExportSpec, out_dir: Path) -> ExportResult:
     opset = max(spec.opset, GENERATION_OPSET)
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = out_dir / "model.onnx"
-    step = DecoderStep(model, geometry[0])
+    # eval() on the wrapper: the exporter returns a module to the mode it found it in, and a new
+    # module starts in training mode, which would give the model's dropout (GPT-2, OPT: 0.1) to
+    # every PyTorch reference computed after the trace
+    step = DecoderStep(model, geometry[0]).eval()
     log.info("export: tracing one decoder step (%d layers, %d kv heads of %d)", *geometry)
     try:
         inputs = export_graph(step, model_path, geometry, vocab, opset)
@@ -427,6 +417,7 @@ def export_text_generation(spec: ExportSpec, out_dir: Path) -> ExportResult:
         raise
     except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
         raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
+    model.eval()  # the PyTorch reference below runs as users run the model
     export_seconds = time.perf_counter() - t0
 
     save_tokenizer_json(tokenizer, out_dir / "tokenizer.json")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.graph_files import save_graph
 from ortpack.components.core.quantization.int8_search import Candidate, Judged, search
 from ortpack.components.core.quantization.int8_search import session as candidate_session
 from ortpack.components.core.quantization.weight_only import (
@@ -68,14 +69,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ortpack.int4")
 
-PROBE_SEQUENCES, PROBE_TOKENS = 4, 32  # every serving node replays these at start-up
+# every serving node replays these at start-up: 256 positions, so that a top-1 agreement of 0.83 on
+# the whole gate does not read below 0.8 by chance (its standard error at 128 positions was 0.033)
+PROBE_SEQUENCES, PROBE_TOKENS = 8, 32
 CHUNK = 5  # the chunked-prefill path's chunk (odd, so chunks end mid-word)
 SEARCH_PROMPTS = 6  # the int4 search judges candidates on this many prompts (teacher-forced)
 
 GATES = CONTRACT.gates
-# fp32 must match PyTorch token for token over all 64 greedy tokens (the issue's bar); its
-# distributions differ only by float rounding (measured on 17 tiny families: mean KL < 1e-9, max
-# |diff| of log-probabilities < 1e-4). int8 and int4 are set for trained models (see above).
+# fp32 must match PyTorch token for token over all 64 greedy tokens of every prompt; its
+# distributions differ only by float rounding (measured on 17 tiny families, bench/results/
+# generation_coverage.md: mean KL 1e-7 to 7e-7 against the reference's float32 log-probabilities,
+# max |diff| of log-probabilities < 1e-4). int8 and int4 are set for trained models (see above).
 THRESHOLDS = {
     "fp32": ParityThresholds.of(
         GATES, min_top1_agreement=0.99, mean_kl=1e-5, max_abs_diff=1e-3, min_greedy_match=1.0, perplexity_ratio=1.001
@@ -240,12 +244,6 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
 # ---------------------------------------------------------------- weight-only int8 and int4
 
 
-def _save(model: Any, path: Path) -> None:
-    from ortpack.components.core.exporters.text_generation import save_graph
-
-    save_graph(model, path)
-
-
 def _decode_feeds(export: ExportResult) -> dict[str, dict[str, np.ndarray]]:
     """The decode shapes (what weight-only quantization is for) the search times candidates on."""
     return {shape: feeds for shape, (_, feeds) in bench_feeds(export).items() if shape.startswith("decode")}
@@ -264,7 +262,7 @@ def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, 
         chosen = next((r for r in INT8_CANDIDATES if r.name == recipe), None)
         if chosen is None:
             raise ValueError(f"unknown int8 recipe {recipe!r} for text-generation")
-        quantize_weight_only(src, dst, chosen, _save)
+        quantize_weight_only(src, dst, chosen, save_graph)
         return {"recipe": chosen.name, "rule": "pinned", "candidates": {}}
     return _search(src, dst, export, export_dir, INT8_CANDIDATES, "int8")
 
@@ -304,7 +302,7 @@ def _search(
         return Judged(quality=quality, misses=j.misses)
 
     def build(recipe: WeightOnly, path: Path) -> None:
-        quantize_weight_only(src, path, recipe, _save)
+        quantize_weight_only(src, path, recipe, save_graph)
 
     recipes = {r.name: r for r in candidates}
 
