@@ -15,6 +15,7 @@ def optimize_variant(
     metrics: Output[Metrics],
     ort_version: str,
     int8_recipe: str = "",
+    thresholds: dict = {},  # noqa: B006 - KFP reads defaults from the signature
 ) -> None:
     """Optimize the export offline with ONNX Runtime for one target preset and precision.
 
@@ -29,6 +30,9 @@ def optimize_variant(
             another onnxruntime are not reused.
         int8_recipe: Build an int8 variant with this recipe instead of the task's search (empty:
             search); other precisions ignore it.
+        thresholds: Parity threshold overrides, {precision or "*": {name: value}}: a task that
+            searches its recipes (decoders' int8 and int4) judges them by the gate the validate
+            step applies.
     """
     from pathlib import Path
 
@@ -37,7 +41,12 @@ def optimize_variant(
 
     log_to_stdout()
     out = run_optimize_step(
-        Path(exported.path), Path(variant.path), target=target, precision=precision, int8_recipe=int8_recipe
+        Path(exported.path),
+        Path(variant.path),
+        target=target,
+        precision=precision,
+        int8_recipe=int8_recipe,
+        threshold_overrides=thresholds,
     )
     for key, value in out.metrics.items():
         metrics.log_metric(key, value)

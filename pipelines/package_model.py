@@ -155,7 +155,12 @@ class _Graph:
         """optimize -> validate -> benchmark for one variant; returns the measured-variant output."""
         ort = GPU_ORT_VERSION if target == "cuda" else ORT_VERSION
         optimized = optimize_variant(
-            exported=exported, target=target, precision=precision, ort_version=ort, int8_recipe=p["int8_recipe"]
+            exported=exported,
+            target=target,
+            precision=precision,
+            ort_version=ort,
+            int8_recipe=p["int8_recipe"],
+            thresholds=p["thresholds"],
         )
         variant = optimized.outputs["variant"]
         validated = validate_variant(

@@ -168,11 +168,12 @@ def build_bundle(spec: BuildSpec, out_dir: Path, *, force: bool = False, work_di
         for i, variant in enumerate(spec.variants, start=2):
             log.info("step %d/%d: variant %s", i, steps, variant.id)
             vdir = work / "variants" / variant.id
-            built = optimize_model(export_dir, variant, vdir, int8_recipe=spec.int8_recipe)
+            gate = thresholds_for(spec.export.task, variant.precision, spec.threshold_overrides)
+            built = optimize_model(export_dir, variant, vdir, int8_recipe=spec.int8_recipe, thresholds=gate)
             parity = validate_variant(
                 vdir,
                 export_dir,
-                thresholds_for(spec.export.task, variant.precision, spec.threshold_overrides),
+                gate,
                 allow_off_target=spec.allow_off_target_validation,
             )
             bench = benchmark_variant(vdir, export_dir) if parity.passed else None
@@ -285,14 +286,23 @@ def run_export_step(
 
 
 def run_optimize_step(
-    export_dir: Path, out_dir: Path, *, target: str, precision: str, int8_recipe: str = ""
+    export_dir: Path,
+    out_dir: Path,
+    *,
+    target: str,
+    precision: str,
+    int8_recipe: str = "",
+    threshold_overrides: Mapping[str, Mapping[str, float]] | None = None,
 ) -> StepOutput:
     """The optimize step: one variant (target x precision) from the export; `int8_recipe` pins
-    an int8 variant's recipe (empty: the task chooses)."""
+    an int8 variant's recipe (empty: the task chooses); a search judges its candidates by the
+    precision's gate with `threshold_overrides` applied, as the validate step will."""
 
     variant = VariantSpec(target=target, precision=precision)
     log.info("optimize %s: building the variant", variant.id)
-    result = optimize_model(Path(export_dir), variant, Path(out_dir), int8_recipe=int8_recipe or None)
+    task = ExportResult.load(Path(export_dir)).task
+    gate = thresholds_for(task, precision, {k: dict(v) for k, v in (threshold_overrides or {}).items()})
+    result = optimize_model(Path(export_dir), variant, Path(out_dir), int8_recipe=int8_recipe or None, thresholds=gate)
     return StepOutput(
         metrics=kfp_metrics(result),
         metadata={

@@ -28,8 +28,8 @@ from ortpack.components.core.errors import UnsupportedHereError
 from ortpack.components.core.graph_files import copy_graph, data_file, graph_files, needs_external_data, remove_graph
 from ortpack.components.core.quantization.graph_recipes import to_fp16
 from ortpack.components.core.quantization.static_int8 import kernel_census
-from ortpack.components.core.specs import VariantSpec, get_target
-from ortpack.components.core.tasks import check_int8_recipe, get_family
+from ortpack.components.core.specs import ParityThresholds, VariantSpec, get_target
+from ortpack.components.core.tasks import check_int8_recipe, get_family, thresholds_for
 from ortpack.components.core.timing import measure_interleaved, timed
 from ortpack.kernel.runtime import DISABLED_OPTIMIZERS
 
@@ -114,11 +114,18 @@ def ort_offline_optimize(src: Path, dst: Path, level: str, providers: list[str])
 
 
 def optimize_model(
-    export_dir: Path, variant: VariantSpec, out_dir: Path, *, int8_recipe: str | None = None
+    export_dir: Path,
+    variant: VariantSpec,
+    out_dir: Path,
+    *,
+    int8_recipe: str | None = None,
+    thresholds: ParityThresholds | None = None,
 ) -> OptimizeResult:
     """Build one variant from the raw export in `export_dir` into `out_dir/model.onnx`; an int8
     variant with the task's search (or first-that-passes loop), or with `int8_recipe` pinned
-    (components/core/quantization/recipes.py; it applies to int8 variants only)."""
+    (components/core/quantization/recipes.py; it applies to int8 variants only). A task that
+    quantizes weights only (decoders) searches its int8 and int4 recipes against `thresholds`, the
+    build's gate for the precision (default: the task's own)."""
     import onnx
     import onnxruntime as ort
 
@@ -153,16 +160,19 @@ def optimize_model(
         if variant.precision == "fp16":
             to_fp16(model)
             model.save_model_to_file(str(staged), use_external_data_format=needs_external_data(model.model))
-        if variant.precision == "int8":
+        weight_only = family.quantize_weight_only
+        if variant.precision in ("int8", "int4") and weight_only is not None:
+            quantized = work / f"{variant.precision}.onnx"
+            gate = thresholds or thresholds_for(export.task, variant.precision)
+            record = weight_only(staged, quantized, export, export_dir, variant.precision, gate, int8_recipe or None)
+            int8, int4 = (record, None) if variant.precision == "int8" else (None, record)
+            staged = quantized
+        elif variant.precision == "int8":
             quantized = work / "int8.onnx"
             int8 = family.quantize_int8(staged, quantized, export, export_dir, int8_recipe or None)
             staged = quantized
-        if variant.precision == "int4":
-            if family.quantize_int4 is None:
-                raise UnsupportedHereError(f"task {export.task} has no int4 variant")
-            quantized = work / "int4.onnx"
-            int4 = family.quantize_int4(staged, quantized, export, export_dir)
-            staged = quantized
+        elif variant.precision == "int4":
+            raise UnsupportedHereError(f"task {export.task} has no int4 variant")
         final = out_dir / "model.onnx"
         remove_graph(final)
         if target.offline_optimization_level == "disabled":

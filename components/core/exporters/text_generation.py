@@ -156,7 +156,7 @@ def load_causal_lm(model_dir: Path, weights: Path) -> tuple[Any, Any]:
 
 
 @torch.inference_mode()
-def cache_geometry(model: nn.Module) -> tuple[int, int, int]:
+def cache_geometry(model: Any) -> tuple[int, int, int]:
     """(layers, key/value heads, head width) of the cache the model fills, read off one forward."""
     out = model(input_ids=torch.ones(1, 2, dtype=torch.long), use_cache=True)
     layers = getattr(getattr(out, "cache", None), "layers", None)

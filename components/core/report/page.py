@@ -170,34 +170,45 @@ def parity_tables(records: Sequence[VariantRecord]) -> str:
 
 
 def int8_search_sections(records: Sequence[VariantRecord]) -> list[str]:
-    """Per int8 variant whose recipe was chosen among several, the table of every candidate
-    (components/core/quantization/int8_search.py): what each measured, its size and speed, which shipped; for
-    static int8 (images) also what it is made of (`_static_int8_facts`)."""
+    """Per int8 or int4 variant whose recipe was chosen among several, the table of every candidate
+    (components/core/quantization/int8_search.py): what each measured, its size and speed, which
+    shipped; for static int8 (images) also what it is made of (`_static_int8_facts`), for
+    weight-only int4 the layers kept in float with the KL each added alone."""
 
     parts = []
     for rec in records:
-        record = rec.built.metrics.get("int8") or {}
-        rows = table(record)
-        facts = _static_int8_facts(rec, records)
-        if len(rows) < 2 and not facts:
-            continue
-        # the image tasks take the first recipe within the int8 gate, the recipes fastest first
-        rule = str(record.get("rule") or "the first within the int8 gate, the recipes ordered fastest first")
-        variant = html.escape(rec.variant_id)
-        how = (
-            f"<p>Candidates, each judged by the task's int8 gate on the validation images; the one shipped is "
-            f"{html.escape(rule)}. The validate step then gates it again.</p>"
-            if facts
-            else f"<p>Every candidate was built and measured; the winner is {html.escape(rule)}. Latency: each "
-            "candidate's fastest call in ms, one thread, the candidates interleaved. The validate step then "
-            "gates the winner on the whole validation set.</p>"
-        )
-        parts += [
-            f"<h2 id='int8-search-{variant}'>int8 recipe search: {variant}</h2>",
-            *facts,
-            *([how, _table(rows)] if len(rows) > 1 else []),
-        ]
+        for precision in ("int8", "int4"):
+            record = rec.built.metrics.get(precision) or {}
+            rows = table(record)
+            facts = _static_int8_facts(rec, records) if precision == "int8" else _float_layers(record)
+            if len(rows) < 2 and not facts:
+                continue
+            # the image tasks take the first recipe within the int8 gate, the recipes ordered fastest first
+            rule = str(record.get("rule") or "the first within the int8 gate, the recipes ordered fastest first")
+            variant = html.escape(rec.variant_id)
+            how = (
+                f"<p>Candidates, each judged by the task's int8 gate on the validation images; the one shipped is "
+                f"{html.escape(rule)}. The validate step then gates it again.</p>"
+                if precision == "int8" and facts
+                else f"<p>Every candidate was built and measured; the winner is {html.escape(rule)}. Latency: each "
+                "candidate's fastest call in ms, one thread, the candidates interleaved. The validate step then "
+                "gates the winner on the whole validation set.</p>"
+            )
+            parts += [
+                f"<h2 id='{precision}-search-{variant}'>{precision} recipe search: {variant}</h2>",
+                *facts,
+                *([how, _table(rows)] if len(rows) > 1 else []),
+            ]
     return parts
+
+
+def _float_layers(record: dict[str, Any]) -> list[str]:
+    """The layer groups a weight-only search returned to float, with the KL each added quantized alone."""
+    kept = record.get("float_layers") or {}
+    if not kept:
+        return []
+    listed = ", ".join(f"{html.escape(name)} (KL {cost:.3g})" for name, cost in kept.items())
+    return [f"<p>No recipe passed the gate with every layer quantized; kept in float, costliest first: {listed}.</p>"]
 
 
 def _static_int8_facts(rec: VariantRecord, records: Sequence[VariantRecord]) -> list[str]:
@@ -344,6 +355,8 @@ def render_html(
         f"<p>{html.escape(measured_under(export, records))}</p>",
         f"<p class='{'warn' if loaded else 'quiet'}'>{html.escape(load_line(export, records))}</p>",
     ]
+    if spec.speed is not None:
+        parts += ["<h2>Speed</h2>", _table(spec.speed(export, records))]
     if misses:
         parts.append(
             "<p class='miss'>Dropped:</p><ul>" + "".join(f"<li>{html.escape(m)}</li>" for m in misses) + "</ul>"

@@ -6,7 +6,7 @@ the registry in `ortpack.components.core.tasks` imports the family modules.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,9 @@ class ReportSpec:
     distance: tuple[str, str, Callable[[dict[str, float]], float | None]]
     agreement: tuple[str, int, str]
     unit: str  # "sentences", "images", ...
+    # a table of the task's own speed numbers (rows, a header first) the report shows after its
+    # summary: (export, the variants' records) -> rows; a decoder's tokens per second
+    speed: Callable[[ExportResult, Sequence[Any]], list[list[str]]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,9 +62,13 @@ class TaskFamily:
     quantize_int8: Callable[[Path, Path, ExportResult, Path, str | None], dict[str, Any] | None]
     select_probe: Callable[[ExportResult, Path], Probe]
     report: ReportSpec
-    # (graph to quantize, int4 graph to write, export, export dir) -> what it chose and measured (the
-    # optimize step's `int4` metrics); None: the task has no int4 variant (weight-only int4 is for decoders)
-    quantize_int4: Callable[[Path, Path, ExportResult, Path], dict[str, Any]] | None = None
+    # A task that quantizes weights only (decoders: MatMulNBits) builds its int8 and int4 variants here
+    # instead of `quantize_int8`: (graph, quantized graph to write, export, export dir, precision, the
+    # build's gate for it with the user's overrides, pinned recipe or None) -> what it chose and measured
+    # (the optimize step's `int8`/`int4` metrics). None: the task has no int4 variant.
+    quantize_weight_only: (
+        Callable[[Path, Path, ExportResult, Path, str, ParityThresholds, str | None], dict[str, Any]] | None
+    ) = None
     # transformer fusions before the precision conversion:
     # (raw path, export, gpu) -> (OnnxModel, fused operator counts, the fuser that ran)
     fuse: Callable[[Path, ExportResult, bool], tuple[Any, dict[str, int], str]] | None = None

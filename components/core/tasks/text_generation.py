@@ -23,6 +23,7 @@ literature: RTN int4 with 32-wide blocks adds ~5-10 % perplexity to 0.5-1B model
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -40,8 +41,8 @@ from ortpack.components.core.quantization.weight_only import (
     WeightOnly,
     keep_costliest,
     layer_groups,
-    quantize_weight_only,
 )
+from ortpack.components.core.quantization.weight_only import quantize_weight_only as quantize_weight_only_graph
 from ortpack.components.core.reference import Reference
 from ortpack.components.core.sources import resolve_checkpoint
 from ortpack.components.core.specs import ParityThresholds
@@ -255,31 +256,42 @@ def _decode_feeds(export: ExportResult) -> dict[str, dict[str, np.ndarray]]:
 INT8_CANDIDATES = tuple(WeightOnly(bits=8, block_size=block, accuracy_level=4) for block in (128, 32))
 
 
-def quantize_int8(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> dict[str, Any]:
-    """Weight-only int8 (`MatMulNBits`), blocks of 128 or 32, chosen as int4's is (`quantize_int4`);
-    a pinned `recipe` (a candidate's name) is built alone."""
-    if recipe:
-        chosen = next((r for r in INT8_CANDIDATES if r.name == recipe), None)
-        if chosen is None:
-            raise ValueError(f"unknown int8 recipe {recipe!r} for text-generation")
-        quantize_weight_only(src, dst, chosen, save_graph)
-        return {"recipe": chosen.name, "rule": "pinned", "candidates": {}}
-    return _search(src, dst, export, export_dir, INT8_CANDIDATES, "int8")
-
-
-INT4_CANDIDATES = tuple(
-    WeightOnly(bits=4, block_size=block, accuracy_level=level) for block in (32, 128) for level in (4, 0)
-)
+CANDIDATES = {
+    "int8": INT8_CANDIDATES,
+    "int4": tuple(WeightOnly(bits=4, block_size=b, accuracy_level=level) for b in (32, 128) for level in (4, 0)),
+}
 INT8_FIELDS = ("recipe", "candidate", "rule", "candidates")  # what the manifest's int8 record holds
 
 
-def quantize_int4(src: Path, dst: Path, export: ExportResult, export_dir: Path) -> dict[str, Any]:
-    """int4 by search (`_search`): blocks of 32 and 128 with int8 or float compute."""
-    return _search(src, dst, export, export_dir, INT4_CANDIDATES, "int4")
+def quantize_weight_only(
+    src: Path,
+    dst: Path,
+    export: ExportResult,
+    export_dir: Path,
+    precision: str,
+    thresholds: ParityThresholds,
+    recipe: str | None,
+) -> dict[str, Any]:
+    """int8 or int4 weights (`MatMulNBits`) by search (`_search`) against the build's gate; a pinned
+    `recipe` (a candidate's name, such as int8-b128-a4) is built alone."""
+    if recipe:
+        chosen = next((r for r in CANDIDATES[precision] if r.name == recipe), None)
+        if chosen is None:
+            known = ", ".join(r.name for r in CANDIDATES[precision])
+            raise ValueError(f"unknown {precision} recipe {recipe!r} for text-generation (known: {known})")
+        quantize_weight_only_graph(src, dst, chosen, save_graph)
+        return {"recipe": chosen.name, "rule": "pinned", "candidates": {}, **_describe(chosen, precision)}
+    return _search(src, dst, export, export_dir, CANDIDATES[precision], precision, thresholds)
 
 
 def _search(
-    src: Path, dst: Path, export: ExportResult, export_dir: Path, candidates: tuple[WeightOnly, ...], precision: str
+    src: Path,
+    dst: Path,
+    export: ExportResult,
+    export_dir: Path,
+    candidates: tuple[WeightOnly, ...],
+    precision: str,
+    thresholds: ParityThresholds,
 ) -> dict[str, Any]:
     """Each candidate judged teacher-forced on SEARCH_PROMPTS prompts against PyTorch with the
     precision's gate; those within it timed on the decode shapes and the fastest kept (ties to the
@@ -289,7 +301,6 @@ def _search(
     reference = GenerationReference(Reference.load(export_dir / export.reference_file))
     settings = export.settings()
     assert isinstance(settings, TextGenerationSettings)
-    thresholds = THRESHOLDS[precision]
 
     def judge_path(path: Path) -> Judgement:
         decoder = Decoder(candidate_session(path), settings.decoder)
@@ -302,7 +313,7 @@ def _search(
         return Judged(quality=quality, misses=j.misses)
 
     def build(recipe: WeightOnly, path: Path) -> None:
-        quantize_weight_only(src, path, recipe, save_graph)
+        quantize_weight_only_graph(src, path, recipe, save_graph)
 
     recipes = {r.name: r for r in candidates}
 
@@ -338,13 +349,19 @@ def _search(
         }
         chosen = reached
     if precision == "int8":
-        return {k: record[k] for k in INT8_FIELDS if k in record} | {"weight_bits": 8}
+        return {k: record[k] for k in INT8_FIELDS if k in record} | _describe(chosen, precision)
+    return {**record, **_describe(chosen, precision)}
+
+
+def _describe(recipe: WeightOnly, precision: str) -> dict[str, Any]:
+    """What the manifest records of the chosen recipe (the int8 record has room for its width only)."""
+    if precision == "int8":
+        return {"weight_bits": 8}
     return {
-        **record,
-        "bits": chosen.bits,
-        "block_size": chosen.block_size,
-        "accuracy_level": chosen.accuracy_level,
-        "embeddings": chosen.embeddings,
+        "bits": recipe.bits,
+        "block_size": recipe.block_size,
+        "accuracy_level": recipe.accuracy_level,
+        "embeddings": recipe.embeddings,
     }
 
 
@@ -352,6 +369,48 @@ def _load(path: Path) -> Any:
     import onnx
 
     return onnx.load(str(path), load_external_data=False)
+
+
+def speed_rows(export: ExportResult, records: Sequence[Any]) -> list[list[str]]:
+    """The report's speed table: per engine (PyTorch eager at export, each variant at benchmark),
+    the prompt's prefill (time to first token, prompt tokens/s), decode tokens/s at batch 1 and 8,
+    weights on disk; the cache each token holds is the same for all (fp32)."""
+    shapes = bench_shapes(int(export.task_settings["tokenizer"]["max_length"]))
+    prefill, one, eight = list(shapes)
+    prompt = shapes[prefill][1]
+    kv = TextGenerationSettings.model_validate({**export.task_settings, "task": export.task}).decoder
+    header = [
+        "engine",
+        f"time to first token ({prompt} tokens)",
+        "prefill tokens/s",
+        "decode tokens/s, 1 sequence",
+        "decode tokens/s, 8 sequences",
+        "weights MB",
+        "cache per token",
+    ]
+    rows = [header]
+
+    def row(name: str, stats: dict[str, dict[str, float]], mb: float) -> list[str]:
+        def ms(shape: str) -> float | None:
+            return stats[shape]["p50_ms"] if shape in stats else None
+
+        cells = [name]
+        first = ms(prefill)
+        cells += [f"{first:.0f} ms" if first else "-", f"{prompt * 1000 / first:.0f}" if first else "-"]
+        for shape, batch in ((one, 1), (eight, 8)):
+            step = ms(shape)
+            cells.append(f"{batch * 1000 / step:.1f}" if step else "-")
+        return [*cells, f"{mb:.0f}", f"{kv.kv_bytes_per_token / 1024:.1f} KiB"]
+
+    rows.append(row("pytorch (eager)", export.torch_latency, float(export.metrics.get("mb", 0.0))))
+    for rec in records:
+        if rec.benchmark is not None:
+            rows.append(row(rec.variant_id, rec.benchmark.shapes, float(rec.built.metrics["mb"])))
+    return rows
+
+
+def _not_weight_only(src: Path, dst: Path, export: ExportResult, export_dir: Path, recipe: str | None) -> None:
+    raise TypeError("a decoder quantizes weights only: the optimize step calls quantize_weight_only")
 
 
 def _kl_gate(thresholds: dict[str, float]) -> float | None:
@@ -366,8 +425,8 @@ FAMILY = TaskFamily(
     thresholds=THRESHOLDS,
     compare=compare,
     bench_feeds=bench_feeds,
-    quantize_int8=quantize_int8,
-    quantize_int4=quantize_int4,
+    quantize_int8=_not_weight_only,
+    quantize_weight_only=quantize_weight_only,
     int8_recipes=tuple(r.name for r in INT8_CANDIDATES),
     select_probe=select_probe,
     report=ReportSpec(
@@ -380,5 +439,6 @@ FAMILY = TaskFamily(
         distance=("kl", "KL(PyTorch || variant) per prompt, mean over its continuation", _kl_gate),
         agreement=("greedy_match", 1, "share of each greedy continuation matching PyTorch's from the start"),
         unit="prompts",
+        speed=speed_rows,
     ),
 )
