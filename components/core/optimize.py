@@ -164,7 +164,8 @@ def optimize_model(
         if variant.precision in ("int8", "int4") and weight_only is not None:
             quantized = work / f"{variant.precision}.onnx"
             gate = thresholds or thresholds_for(export.task, variant.precision)
-            record = weight_only(staged, quantized, export, export_dir, variant.precision, gate, int8_recipe or None)
+            pinned = int8_recipe if variant.precision == "int8" else None  # --int8-recipe pins int8 only
+            record = weight_only(staged, quantized, export, export_dir, variant.precision, gate, pinned or None)
             int8, int4 = (record, None) if variant.precision == "int8" else (None, record)
             staged = quantized
         elif variant.precision == "int8":

@@ -144,6 +144,40 @@ def test_image_pipeline_run(tmp_path: Path) -> None:
     assert "top-1" in result.stdout and "cpu-fp32  pass" in result.stdout
 
 
+def test_a_decoder_pipeline_run(tmp_path: Path) -> None:
+    """A causal LM through the same pipeline: its export, fp32 and int4 (the int4 search in the
+    optimize step), their gates and speed, packaged with its tokenizer and chat template. The int4
+    gate's top-1 floor is lowered for the tiny random model (its next-token distribution is nearly
+    flat: tests/causal_lms.py), not for what the pipeline does."""
+    from tests.causal_lms import make_tiny_causal_lm
+
+    checkpoint = make_tiny_causal_lm("qwen2", tmp_path / "tiny-qwen2")
+    result = ortpack_run(
+        "--model",
+        str(checkpoint),
+        "--task",
+        "text-generation",
+        "--precisions",
+        "fp32,int4",
+        "--threshold",
+        "int4.min_top1_agreement=0.3",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = verify_bundle(tmp_path / "dist" / "tiny-qwen2")
+    assert manifest.task == "text-generation" and [v.id for v in manifest.variants] == ["cpu-fp32", "cpu-int4"]
+    assert set(manifest.files) >= {"tokenizer.json", "chat_template.jinja", "report.html"}
+    int4 = manifest.variant("cpu-int4")
+    assert int4.optimize.int4 is not None and int4.optimize.ops_after.get("MatMulNBits", 0) > 0
+    assert manifest.variant("cpu-fp32").parity.values["greedy_match"] == 1.0
+    assert "greedy" in result.stdout and "cpu-int4  pass" in result.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    bench = _metrics(run_dir, "benchmark-variant")
+    assert all(m["bench.p50_ms.decode_b1_p128"] > 0 for m in bench)
+    report = (tmp_path / "dist" / "tiny-qwen2" / "report.html").read_text()
+    assert "decode tokens/s, 8 sequences" in report and "int4 recipe search" in report
+
+
 def test_image_run_checks_its_files_first(tmp_path: Path) -> None:
     result = ortpack_run(
         "--model",
