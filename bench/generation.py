@@ -55,17 +55,35 @@ QWEN2_05B = {
 RECIPES = ("int4-b128-a4", "int4-b128-a4-emb", "int4-b32-a4", "int4-b128-a0", "int8-b128-a4")
 
 
+def make_word_tokenizer(out: Path, vocab: int) -> None:
+    """A tokenizer with a word for every id (the shipped texts' words, then `w123`...), so that
+    whatever a random model generates decodes to text, as a trained model's tokens do (a small BPE
+    vocabulary would leave most of a 152k-token model's ids without text, and a stream without
+    events); ids 0-2 are <|endoftext|>, <|im_start|>, <|im_end|>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.causal_lms import training_texts
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    shipped = sorted({word for text in training_texts() for word in text.split()})  # the prompts' words too
+    tokens = [*specials, *shipped]
+    tokens += [f"w{i}" for i in range(len(tokens), vocab)]
+    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(out)
+
+
 def make_checkpoint(out: Path) -> Path:
-    """Qwen2-0.5B's shape with random weights (a ~2 GB safetensors file) and the tests' tokenizer."""
+    """Qwen2-0.5B's shape with random weights (a ~2 GB safetensors file) and a word per id."""
     if (out / "model.safetensors").is_file():
         return out
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from tests.causal_lms import make_bpe_tokenizer
-
     out.mkdir(parents=True, exist_ok=True)
-    make_bpe_tokenizer(out)
+    make_word_tokenizer(out, QWEN2_05B["vocab_size"])
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_05B, eos_token_id=2, bos_token_id=None)).eval()
     model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
@@ -133,7 +151,7 @@ def build_genai(checkpoint: Path, work: Path, precision: str) -> Path | None:
 
 def prompts(length: int, count: int) -> list[list[int]]:
     rng = np.random.default_rng(0)
-    return [rng.integers(100, 1000, length).tolist() for _ in range(count)]
+    return [rng.integers(100, 150000, length).tolist() for _ in range(count)]
 
 
 def ortpack_runner(model: Path, export_dir: Path) -> Callable[[list[list[int]], int], dict[str, float]]:

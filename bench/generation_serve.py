@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 from bench.serve_load import free_port, measured_on, rss_mb, tree, wait_ready, write_results  # noqa: E402
 
 WORK = ROOT / "build" / "bench-generation"
-WORDS = "the lighthouse keeper climbed steps and trimmed the wick while ships passed in the night".split()
 LIFTED = {"int4.min_top1_agreement": 0.0, "int4.mean_kl": 1000.0, "int4.perplexity_ratio": 1000.0}
 
 
@@ -65,9 +64,10 @@ def bench_bundle(precision: str) -> Path:
         raise SystemExit("no export: run bench/generation.py first (it builds build/bench-generation/export)")
     variant = VariantSpec(target="cpu", precision=precision)
     vdir = WORK / "serve-variants" / variant.id
-    built = optimize_model(export_dir, variant, vdir)
     overrides = {k.split(".", 1)[1]: v for k, v in LIFTED.items() if k.startswith(precision + ".")}
-    parity = validate_variant(vdir, export_dir, thresholds_for("text-generation", precision, {precision: overrides}))
+    gate = thresholds_for("text-generation", precision, {precision: overrides})
+    built = optimize_model(export_dir, variant, vdir, thresholds=gate)
+    parity = validate_variant(vdir, export_dir, gate)
     bench = benchmark_variant(vdir, export_dir)
     package_bundle(export_dir, [VariantRecord(model_dir=vdir, built=built, parity=parity, benchmark=bench)], out)
     return out
@@ -93,22 +93,31 @@ def serving(bundle: Path, *options: str) -> Iterator[tuple[str, psutil.Process]]
 
 
 def prompt_text(words: int, seed: int) -> str:
+    """`words` random words of the bench tokenizer: one token each (bench/generation.py)."""
     rng = np.random.default_rng(seed)
-    return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), words))
+    return " ".join(f"w{i}" for i in rng.integers(100, 150000, words))
 
 
 async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    """One streamed completion: its status, the arrival time of each event with text, its end."""
+    """One streamed completion: its status, the arrival time of each event with text (one token
+    each with the bench tokenizer), and the tokens its usage counts."""
     sent = time.perf_counter()
     stamps: list[float] = []
-    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+    tokens = 0
+    request = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", "/v1/completions", json=request) as response:
         if response.status_code != 200:
             await response.aread()
-            return {"status": response.status_code, "sent": sent, "stamps": []}
+            return {"status": response.status_code, "sent": sent, "stamps": [], "tokens": 0}
         async for line in response.aiter_lines():
-            if line.startswith("data: {"):
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif event["choices"] and event["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
-    return {"status": 200, "sent": sent, "stamps": stamps}
+    return {"status": 200, "sent": sent, "stamps": stamps, "tokens": tokens}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -134,7 +143,7 @@ async def streams_at(url: str, concurrency: int, seconds: float, model: str) -> 
     ok = [r for r in results if r["status"] == 200 and r["stamps"]]
     gaps = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:], strict=False)]
     ttft = [r["stamps"][0] - r["sent"] for r in ok]
-    tokens = sum(len(r["stamps"]) for r in ok)
+    tokens = sum(r["tokens"] for r in ok)
     return {
         "concurrency": concurrency,
         "requests": len(results),

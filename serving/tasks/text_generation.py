@@ -112,7 +112,7 @@ class TextGenerationRuntime:
         else:
             free = max(0, budget.limit - budget.held)
             capacity = min(most, int(free * config.kv_cache_share) // per_token)
-            budget.reserve(capacity * per_token, strict=True)
+            budget.shrink(capacity * per_token)  # the cache's, for good: request bodies share the rest
         if capacity < self.context // 4:
             log.warning(
                 "the key/value cache holds %d tokens: %.1f MB of memory per token of context; give the server "

@@ -250,6 +250,9 @@ def tokenize_checked(tokenizer_file: Path, hf_tokenizer: Any, texts: list[str]) 
     shipped = Tokenizer.from_file(str(tokenizer_file))
     ids = [e.ids for e in shipped.encode_batch(texts)]
     expected = [list(x) for x in hf_tokenizer(texts)["input_ids"]]
+    empty = [text for text, found in zip(texts, expected, strict=True) if not found]
+    if empty:
+        raise ExportError(f"the tokenizer gives no token ids for {len(empty)} of the prompts (first: {empty[0]!r})")
     mismatched = [i for i, (a, b) in enumerate(zip(ids, expected, strict=True)) if a != b]
     if mismatched:
         raise ExportError(

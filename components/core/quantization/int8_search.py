@@ -65,6 +65,7 @@ def search(
     fallback: Callable[[dict[str, Any]], Any],
     expand: Callable[[str], Sequence[Candidate]] = lambda name: (),
     confirm: Callable[[Path], Judged] | None = None,
+    precision: str = "int8",
 ) -> dict[str, Any]:
     """Build and judge `candidates`, then, for each one within budget, the candidates `expand`
     derives from it (a recipe plus one more saving); time the passing ones on `feeds` ({shape:
@@ -86,7 +87,8 @@ def search(
             "misses": judged.misses,
         }
         log.info(
-            "int8 candidate %s: %.1f MB, %s",
+            "%s candidate %s: %.1f MB, %s",
+            precision,
             candidate.name,
             table[candidate.name]["mb"],
             "; ".join(judged.misses) if judged.misses else "within budget",
@@ -115,12 +117,14 @@ def search(
                 winner = name
                 break
             table[name].update(passed=False, misses=[f"whole gate: {m}" for m in confirmed.misses])
-            log.info("int8 candidate %s misses the whole gate: %s", name, "; ".join(confirmed.misses))
+            log.info("%s candidate %s misses the whole gate: %s", precision, name, "; ".join(confirmed.misses))
     if winner is None:
         winner = max(table, key=lambda name: fallback(table[name]["quality"]))
-        log.warning("int8: no candidate is within the parity budget; keeping %s (the validate step reports it)", winner)
+        log.warning(
+            "%s: no candidate is within the parity budget; keeping %s (the validate step reports it)", precision, winner
+        )
     shutil.copyfile(paths[winner], dst)
-    log.info("int8 recipe: %s (%s)", winner, RULE)
+    log.info("%s recipe: %s (%s)", precision, winner, RULE)
     return {"recipe": winner, "rule": RULE, "candidates": table}
 
 

@@ -25,8 +25,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
 log = logging.getLogger("ortpack.int4")
 
 HEAD, EMBEDDINGS = "head", "embeddings"
@@ -203,7 +201,3 @@ def keep_costliest(
 def _remove(path: Path) -> None:
     for file in (path, path.with_name(path.name + ".data")):
         file.unlink(missing_ok=True)
-
-
-def mean_abs(values: Sequence[float]) -> float:
-    return float(np.mean(np.abs(values))) if len(values) else 0.0

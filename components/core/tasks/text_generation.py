@@ -331,6 +331,7 @@ def _search(
         feeds=_decode_feeds(export),
         fallback=lambda q: -q.get("mean_kl", np.inf),
         expand=with_embeddings,
+        precision=precision,
     )
     chosen = recipes[record["recipe"]]
     if not any(row["passed"] for row in record["candidates"].values()):
