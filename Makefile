@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage coverage-generation clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
+.PHONY: install trained run test unit lint typecheck format bench coverage coverage-generation bench-generation bench-generation-serve clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,19 @@ coverage: $(STAMP)
 # tests/causal_lms.py exported, built cpu fp32 and int4, and gated.
 coverage-generation: $(STAMP)
 	$(PY) bench/generation_coverage.py
+
+# Decode speed on the Qwen2-0.5B shape (random weights): ortpack fp32/int8/int4, PyTorch eager generate
+# and ONNX Runtime GenAI (its builder and loop: installed here) in alternate rounds; the checkpoint, its
+# export and every engine's graph are made once under build/bench-generation/.
+bench-generation: $(STAMP)
+	$(PY) -m pip install --quiet "onnxruntime-genai==0.18.0"
+	$(PY) bench/generation.py
+
+# The same checkpoint served: streams at 1-32, a long prompt mid-stream, 200 long requests under a
+# memory limit (after bench-generation, whose export it packages).
+bench-generation-serve: $(STAMP)
+	test -f build/bench-generation/export/export.json || $(MAKE) bench-generation
+	$(PY) bench/generation_serve.py
 
 # The serving benchmark needs wrk (Debian package) and a bundle from `make run`.
 bench-serve: $(STAMP)

@@ -11,7 +11,7 @@ steps; random weights cannot pass the int4 gate, so its thresholds are lifted an
 so in its parity record) is served by `ortpack-serve` as shipped. Clients are asyncio + httpx
 reading server-sent events in one process on the same 2 cores (its CPU is counted in the report).
 
-- streams: each of C clients sends completion requests back to back (a ~40-token prompt, 64 new
+- streams: each of C clients sends completion requests back to back (a 100-token prompt, 64 new
   tokens, end-of-sequence ignored, greedy) for `--seconds`: aggregate generated tokens/s, time to
   first token and inter-token latency (the gaps between a stream's events) at p50 and p99.
 - prefill: 8 streams of 256 tokens run; after 4 s one request with a 2,000-token prompt arrives.
@@ -92,10 +92,10 @@ def serving(bundle: Path, *options: str) -> Iterator[tuple[str, psutil.Process]]
         log.close()
 
 
-def prompt_text(words: int, seed: int) -> str:
-    """`words` random words of the bench tokenizer: one token each (bench/generation.py)."""
+def prompt_text(tokens: int, seed: int) -> list[int]:
+    """A prompt of exactly `tokens` random token ids (OpenAI completions take ids)."""
     rng = np.random.default_rng(seed)
-    return " ".join(f"w{i}" for i in rng.integers(100, 150000, words))
+    return [int(i) for i in rng.integers(100, 150000, tokens)]
 
 
 async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +103,7 @@ async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, A
     each with the bench tokenizer), and the tokens its usage counts."""
     sent = time.perf_counter()
     stamps: list[float] = []
-    tokens = 0
+    tokens = prompt = 0
     request = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", "/v1/completions", json=request) as response:
         if response.status_code != 200:
@@ -114,10 +114,10 @@ async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, A
                 continue
             event = json.loads(line[6:])
             if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
+                tokens, prompt = event["usage"]["completion_tokens"], event["usage"]["prompt_tokens"]
             elif event["choices"] and event["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
-    return {"status": 200, "sent": sent, "stamps": stamps, "tokens": tokens}
+    return {"status": 200, "sent": sent, "stamps": stamps, "tokens": tokens, "prompt": prompt}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -133,7 +133,7 @@ async def streams_at(url: str, concurrency: int, seconds: float, model: str) -> 
         async with httpx.AsyncClient(base_url=url, timeout=600) as client:
             n = 0
             while time.perf_counter() < stop:
-                body = {"model": model, "prompt": prompt_text(40, 1000 * index + n), "max_tokens": 64}
+                body = {"model": model, "prompt": prompt_text(100, 1000 * index + n), "max_tokens": 64}
                 results.append(await stream(client, {**body, "temperature": 0, "ignore_eos": True}))
                 n += 1
 
@@ -149,6 +149,7 @@ async def streams_at(url: str, concurrency: int, seconds: float, model: str) -> 
         "requests": len(results),
         "errors": len(results) - len(ok),
         "tokens_per_s": tokens / wall,
+        "prompt_tokens": float(np.mean([r["prompt"] for r in ok])) if ok else float("nan"),
         "ttft_p50_ms": _pct(ttft, 50) * 1000,
         "ttft_p99_ms": _pct(ttft, 99) * 1000,
         "itl_p50_ms": _pct(gaps, 50) * 1000,
@@ -164,7 +165,7 @@ async def long_prompt_arrives(url: str, model: str) -> dict[str, Any]:
             asyncio.create_task(
                 stream(
                     client,
-                    {"model": model, "prompt": prompt_text(40, i), "max_tokens": 256, "ignore_eos": True},
+                    {"model": model, "prompt": prompt_text(100, i), "max_tokens": 256, "ignore_eos": True},
                 )
             )
             for i in range(8)

@@ -510,7 +510,12 @@ def _session(bundle_dir: Path, manifest: Manifest, variant: Variant, config: Ser
     # between the operators of a step
     own_loop = get_engine(manifest.task).own_loop
     threads = config.lone_thread_count if own_loop else config.intra_op_threads
-    session, plan = serving_session(model, variant, intra_op_threads=threads, allow_spinning=own_loop, data=data)
+    # A generation loop's session: no CPU arena. Its every step allocates the present cache a
+    # little larger than the last, which an arena cannot reuse and keeps: 200 long requests took a
+    # 3 GB server to 7.4 GB resident; without it, the same speed (8 streams: 55 against 56 tokens/s)
+    session, plan = serving_session(
+        model, variant, intra_op_threads=threads, allow_spinning=own_loop, data=data, arena=not own_loop
+    )
     return Opened(model, session, plan, data)
 
 

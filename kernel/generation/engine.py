@@ -5,8 +5,9 @@
 text, and a last one with the finish reason. Each step of the loop:
 
 1. decodes one token for every running sequence, in one batch (cache.py);
-2. prefills a chunk of the next waiting prompt, sized by the scheduler; a prompt whose prefill
-   ends gets its first token at once (time to first token) and joins the batch;
+2. prefills a chunk of the next waiting prompt, sized by the scheduler (or, when it fits in one
+   chunk, it and the short prompts behind it in one call); a prompt whose prefill ends gets its
+   first token at once (time to first token) and joins the batch;
 3. ends the sequences that stopped (an end-of-sequence or stop id, a stop string, max_tokens, the
    context), were cancelled (their client went away) or passed their deadline, and rebuilds the
    batch once for every change.
@@ -226,8 +227,10 @@ class Generator:
         chunk = min(self.limits.max_chunk, max(self.limits.context // 2, 1))
         timed = self.clock()
         first = self.decoder.prefill([i % vocab for i in range(chunk)])
-        self.scheduler.prefill_token_s.observe((self.clock() - timed) / chunk)
+        self.scheduler.prefill.observe(chunk, self.clock() - timed)
+        timed = self.clock()
         second = self.decoder.prefill(short)
+        self.scheduler.prefill.observe(len(short), self.clock() - timed)
         batch = DecodeBatch(self.decoder)
         batch.rebuild([], [Joining(key=0, cache=second.present, position=len(short))])
         for rows in (1, 2):
@@ -297,9 +300,13 @@ class Generator:
             ended |= self._decode()
         seq = self._next_prefill()
         if seq is not None:
-            joined = self._prefill_chunk(seq)
-            if joined is not None:
-                joining.append(joined)
+            together = self._short_prompts(seq)
+            if together:
+                joining += self._prefill_together([seq, *together])
+            else:
+                joined = self._prefill_chunk(seq)
+                if joined is not None:
+                    joining.append(joined)
         for key, running in self._running.items():
             if key not in ended and running.handle.cancelled:
                 self._end(running, "cancelled")
@@ -357,6 +364,61 @@ class Generator:
         self._prefilling = head
         return head
 
+    def _short_prompts(self, head: _Sequence) -> list[_Sequence]:
+        """Waiting sequences to prefill in one call with `head`, which starts its prefill now and
+        fits in one chunk: those behind it that may join too while every prompt, padded to the
+        longest, fits the chunk (a call pays a fixed part whatever its tokens: 14 ms of a 16-token
+        prompt's 60 ms on the Qwen2-0.5B shape, so short prompts arriving together go in one)."""
+        if head.prefilled or not self._waiting:
+            return []
+        budget = self.scheduler.chunk(self.limits.max_chunk, decoding=bool(self._running))
+        longest = len(head.request.prompt)
+        if longest > budget:
+            return []
+        together: list[_Sequence] = []
+        rows, reach = len(self._running) + 1, max([head.need, *(s.need for s in self._running.values())])
+        while self._waiting:
+            nxt = self._waiting[0]
+            width = max(longest, len(nxt.request.prompt))
+            if width * (len(together) + 2) > budget or not self.scheduler.can_join(rows, reach, nxt.need):
+                break
+            self._waiting.popleft()
+            self.scheduler.started()
+            together.append(nxt)
+            longest, rows, reach = width, rows + 1, max(reach, nxt.need)
+        return together
+
+    def _prefill_together(self, seqs: list[_Sequence]) -> list[Joining]:
+        """Prefill whole prompts in one call, left-padded to the longest (the batch's own layout:
+        each row's real tokens contiguous at the right, its positions its own); each row's first
+        token, and the joining of those that did not end at it."""
+        width = max(len(s.request.prompt) for s in seqs)
+        ids = np.zeros((len(seqs), width), np.int64)
+        mask = np.zeros((len(seqs), width), np.int64)
+        positions = np.zeros((len(seqs), width), np.int64)
+        for row, seq in enumerate(seqs):
+            n = len(seq.request.prompt)
+            ids[row, width - n :] = seq.request.prompt
+            mask[row, width - n :] = 1
+            positions[row, width - n :] = np.arange(n)
+        started = self.clock()
+        out = self.decoder.step(ids, positions, mask, self.decoder.empty_cache(len(seqs)))
+        seconds = self.clock() - started
+        self.scheduler.prefill.observe(ids.size, seconds)
+        if self.observer is not None:
+            self.observer.step("prefill", seconds, int(mask.sum()))
+        self._prefilling = None
+        now, joining = self.clock(), []
+        for row, seq in enumerate(seqs):
+            n = len(seq.request.prompt)
+            seq.prefilled = n
+            if self._advance(seq, seq.sampler.pick(out.logits[row, -1]), now):
+                continue
+            self._running[seq.key] = seq
+            cache = [p[row : row + 1, :, width - n :] for p in out.present]
+            joining.append(Joining(key=seq.key, cache=cache, position=n))
+        return joining
+
     def _prefill_chunk(self, seq: _Sequence) -> Joining | None:
         """Prefill the next chunk of `seq`'s prompt; at its end, its first token and its joining."""
         prompt = seq.request.prompt
@@ -364,7 +426,7 @@ class Generator:
         started = self.clock()
         out = self.decoder.prefill(prompt[seq.prefilled : seq.prefilled + size], seq.cache)
         seconds = self.clock() - started
-        self.scheduler.prefill_token_s.observe(seconds / size)
+        self.scheduler.prefill.observe(size, seconds)
         if self.observer is not None:
             self.observer.step("prefill", seconds, size)
         seq.cache, seq.prefilled = out.present, seq.prefilled + size

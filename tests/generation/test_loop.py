@@ -159,11 +159,16 @@ def test_prefill_chunks_keep_within_a_decode_steps_time() -> None:
     assert scheduler.chunk(2000, decoding=False) == 512  # nothing else waits: the largest chunk
     assert scheduler.chunk(100, decoding=True) == 100  # no times measured yet
     scheduler.decode_s.observe(0.040)
-    scheduler.prefill_token_s.observe(0.001)
-    assert scheduler.chunk(2000, decoding=True) == 40  # 40 ms of prefill beside a 40 ms decode step
+    for tokens in (16, 64, 128):  # 10 ms whatever the size, and 0.5 ms a token
+        scheduler.prefill.observe(tokens, 0.010 + 0.0005 * tokens)
+    fixed, per_token = scheduler.prefill.fit() or (0, 0)
+    assert (round(fixed, 6), round(per_token, 6)) == (0.01, 0.0005)
+    assert scheduler.chunk(2000, decoding=True) == 60  # (40 ms - 10 ms) / 0.5 ms beside a 40 ms decode step
     assert scheduler.chunk(2000, decoding=False) == 512
-    assert scheduler.chunk(10, decoding=True) == 10
-    scheduler.prefill_token_s.observe(0.1)  # a slow token: never below the least chunk
+    assert scheduler.chunk(85, decoding=True) == 85  # at most half a chunk more: all of it at once
+    assert scheduler.chunk(95, decoding=True) == 60
+    for _ in range(64):
+        scheduler.prefill.observe(16, 0.5)  # slow calls: never below the least chunk
     assert scheduler.chunk(2000, decoding=True) == 16
 
 
@@ -352,6 +357,35 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(
         assert len(prefills) >= 1 + len(long_prompt) // 64 and max(prefills[1:]) <= 64
     finally:
         generator.stop(timeout_s=10)
+
+
+def test_short_prompts_waiting_together_are_prefilled_in_one_call(
+    decoder: Decoder, tokenizer: Any, settings: TextGenerationSettings
+) -> None:
+    steps: list[tuple[str, int]] = []
+
+    class Steps:
+        def first_token(self, seconds: float) -> None: ...
+
+        def token_gap(self, seconds: float) -> None: ...
+
+        def finished(self, reason: str, prompt: int, completion: int) -> None: ...
+
+        def step(self, kind: str, seconds: float, tokens: int) -> None:
+            steps.append((kind, tokens))
+
+    generator = Generator(decoder, tokenizer, settings, Limits(capacity=4000, context=512), observer=Steps())
+    sinks = [Collected() for _ in PROMPTS]
+    for prompt, sink in zip(PROMPTS, sinks, strict=True):
+        generator.submit(greedy(prompt, 12), sink)  # all waiting before the loop's first step
+    generator.start()
+    try:
+        for prompt, sink in zip(PROMPTS, sinks, strict=True):
+            sink.wait()
+            assert sink.tokens == decoder.greedy(prompt, 12).tolist()  # left-padded together, each as alone
+    finally:
+        generator.stop(timeout_s=10)
+    assert [n for kind, n in steps if kind == "prefill"] == [sum(len(p) for p in PROMPTS)]
 
 
 def test_a_stopped_loop_refuses_and_ends_what_was_left(
