@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortpack.kernel.generation.decoder import Cache, Decoder
+from ortpack.kernel.generation.decoder import Cache, Decoder, as_array, cache_nbytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class DecodeBatch:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.past)
+        return cache_nbytes(self.past)
 
     def real_tokens(self) -> int:
         return int(self.mask.sum())
@@ -62,7 +62,7 @@ class DecodeBatch:
         """Keep the rows named in `keep` (in that order) and append `joining`; one copy of what
         stays, and the columns no remaining row uses are dropped."""
         rows = [self.keys.index(key) for key in keep]
-        lengths = [int(self.mask[r].sum()) for r in rows] + [j.cache[0].shape[2] for j in joining]
+        lengths = [int(self.mask[r].sum()) for r in rows] + [as_array(j.cache[0]).shape[2] for j in joining]
         width = max(lengths, default=0)
         batch = len(rows) + len(joining)
         d = self.decoder.settings
@@ -72,13 +72,13 @@ class DecodeBatch:
             n = lengths[out]
             if n:
                 for new, old in zip(past, self.past, strict=True):
-                    new[out, :, width - n :] = old[r, :, self.length - n :]
+                    new[out, :, width - n :] = as_array(old)[r, :, self.length - n :]
             mask[out, width - n :] = 1
         for out, j in enumerate(joining, start=len(rows)):
             n = lengths[out]
             if n:
                 for new, own in zip(past, j.cache, strict=True):
-                    new[out, :, width - n :] = own[0]
+                    new[out, :, width - n :] = as_array(own)[0]
             mask[out, width - n :] = 1
         self.past, self.mask = past, mask
         self.positions = np.array([*(self.positions[r] for r in rows), *(j.position for j in joining)], np.int64)
@@ -90,7 +90,7 @@ class DecodeBatch:
         mask = np.concatenate([self.mask, np.ones((batch, 1), np.int64)], axis=1)
         out = self.decoder.step(
             np.asarray(tokens, np.int64).reshape(batch, 1), self.positions.reshape(batch, 1).copy(), mask, self.past
-        )
+        )  # the present caches stay OrtValues: the next step's past, never copied here
         self.past, self.mask = out.present, mask
         self.positions = self.positions + 1
         return out.logits[:, -1]

@@ -28,13 +28,24 @@ from ortpack.kernel.contracts.text_generation import (
     present_name,
 )
 
-Cache = list[np.ndarray]  # every layer's keys and values, in the graph's order: [batch, heads, length, width]
+# every layer's keys and values, in the graph's order, [batch, heads, length, width]: numpy arrays, or
+# ONNX Runtime's OrtValues as a step leaves them (fed back as they are: see `Decoder.step`)
+Cache = list[Any]
+
+
+def as_array(value: Any) -> np.ndarray:
+    """A cache tensor as a numpy array (an OrtValue's own memory, not a copy: keep the OrtValue)."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
+
+
+def cache_nbytes(cache: Cache) -> int:
+    return sum(as_array(v).nbytes for v in cache)
 
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     logits: np.ndarray  # [batch, kept, vocab] float32
-    present: Cache  # the past with the step's tokens appended
+    present: Cache  # the past with the step's tokens appended, as OrtValues
 
 
 class Decoder:
@@ -60,26 +71,35 @@ class Decoder:
         return [np.zeros((batch, d.kv_heads, 0, d.head_dim), self.dtype) for _ in self.past_names]
 
     def step(
-        self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, past: Sequence[np.ndarray], keep: int = 1
+        self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, past: Sequence[Any], keep: int = 1
     ) -> StepOutput:
         """Run one step: `ids` and `positions` `[batch, sequence]`, `mask` `[batch, past + sequence]`
         (1 for a real token, 0 for padding), `past` as `empty_cache` or a previous step's present;
-        the logits of the last `keep` positions."""
-        feeds: dict[str, Any] = {INPUT_IDS.name: ids, ATTENTION_MASK.name: mask}
+        the logits of the last `keep` positions.
+
+        The cache goes in and out as OrtValues (`run_with_ort_values`): `run` would copy every
+        present tensor into a new numpy array, and a cache fed back as numpy costs that copy every
+        step (13 sequences of 1,500 tokens on the Qwen2-0.5B shape: 2.0 s a step against 0.65 s)."""
+        import onnxruntime as ort
+
+        wrap = ort.OrtValue.ortvalue_from_numpy
+        feeds: dict[str, Any] = {INPUT_IDS.name: wrap(ids), ATTENTION_MASK.name: wrap(mask)}
         if self.takes_positions:
-            feeds[POSITION_IDS.name] = positions
+            feeds[POSITION_IDS.name] = wrap(np.ascontiguousarray(positions))
         if self.takes_keep:
-            feeds[LOGITS_TO_KEEP.name] = np.array([keep], dtype=np.int64)
-        feeds.update(zip(self.past_names, past, strict=True))
-        logits, *present = self.session.run(self.output_names, feeds)
+            feeds[LOGITS_TO_KEEP.name] = wrap(np.array([keep], dtype=np.int64))
+        for name, value in zip(self.past_names, past, strict=True):
+            feeds[name] = wrap(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        logits, *present = self.session.run_with_ort_values(self.output_names, feeds)
+        scores = np.array(logits.numpy())  # a copy: the logits outlive their OrtValue
         if not self.takes_keep:
-            logits = logits[:, -keep:]
-        return StepOutput(logits=logits, present=present)
+            scores = scores[:, -keep:]
+        return StepOutput(logits=scores, present=present)
 
     def prefill(self, ids: Sequence[int], past: Cache | None = None, *, keep: int = 1) -> StepOutput:
         """One sequence's tokens after its own cache (`past`, unpadded; None: an empty one)."""
         past = self.empty_cache(1) if past is None else past
-        start = past[0].shape[2]
+        start = as_array(past[0]).shape[2]
         tokens = np.asarray(ids, dtype=np.int64)[None]
         n = tokens.shape[1]
         positions = np.arange(start, start + n, dtype=np.int64)[None]

@@ -33,7 +33,7 @@ import numpy as np
 from ortpack.kernel.contracts.text_generation import TextGenerationSettings
 from ortpack.kernel.errors import InputError
 from ortpack.kernel.generation.cache import DecodeBatch, Joining
-from ortpack.kernel.generation.decoder import Cache, Decoder
+from ortpack.kernel.generation.decoder import Cache, Decoder, as_array, cache_nbytes
 from ortpack.kernel.generation.sampling import Pick, Sampler, SamplingParams, pick_greedy_batch
 from ortpack.kernel.generation.scheduler import Limits, Scheduler
 from ortpack.kernel.generation.text import TextStream
@@ -191,7 +191,7 @@ class Generator:
     def cache_bytes(self) -> int:
         """The key/value cache held now: the running batch's and the prefilling sequence's."""
         own = self._prefilling.cache if self._prefilling is not None else None
-        return self._batch.nbytes + (sum(a.nbytes for a in own) if own else 0)
+        return self._batch.nbytes + (cache_nbytes(own) if own else 0)
 
     def submit(self, request: GenerationRequest, sink: Callable[[Event], None]) -> Handle:
         """Admit `request` (InputError: it can never fit; CacheFullError: not now) and start
@@ -415,7 +415,8 @@ class Generator:
             if self._advance(seq, seq.sampler.pick(out.logits[row, -1]), now):
                 continue
             self._running[seq.key] = seq
-            cache = [p[row : row + 1, :, width - n :] for p in out.present]
+            # copies: a view would outlive the step's OrtValues
+            cache = [np.ascontiguousarray(as_array(p)[row : row + 1, :, width - n :]) for p in out.present]
             joining.append(Joining(key=seq.key, cache=cache, position=n))
         return joining
 

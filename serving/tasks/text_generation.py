@@ -126,6 +126,7 @@ class TextGenerationRuntime:
             max_running=config.max_running_sequences,
             max_waiting=config.max_waiting_sequences,
             max_chunk=config.prefill_chunk,
+            prefill_share=config.prefill_share,
         )
         decoder = Decoder(self.engine.session, self.settings.decoder)
         generator = Generator(decoder, self.tokenizer, self.settings, limits)
