@@ -16,7 +16,7 @@ reading server-sent events in one process on the same 2 cores (its CPU is counte
   first token and inter-token latency (the gaps between a stream's events) at p50 and p99.
 - prefill: 8 streams of 256 tokens run; after 4 s one request with a 2,000-token prompt arrives.
   The 8 streams' p99 inter-token latency while it is prefilled, against the 4 s before it.
-- memory: `--max-memory 3G`; 200 requests of ~1,000-token prompts and max_tokens 512 at once: how
+- memory: `--max-memory 3G`; 200 requests of 1,000-token prompts and max_tokens 128 at once: how
   many were served, refused (429) or failed (5xx), and the server's peak resident memory.
 """
 
@@ -204,7 +204,7 @@ async def flood(url: str, model: str, count: int, process: psutil.Process) -> di
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
 
         async def one(i: int) -> int:
-            body = {"model": model, "prompt": prompt_text(1000, 5000 + i), "max_tokens": 512, "ignore_eos": True}
+            body = {"model": model, "prompt": prompt_text(1000, 5000 + i), "max_tokens": 128, "ignore_eos": True}
             return (await client.post("/v1/completions", json=body)).status_code
 
         codes = await asyncio.gather(*(one(i) for i in range(count)))

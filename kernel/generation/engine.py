@@ -423,11 +423,11 @@ class Generator:
     def _prefill_chunk(self, seq: _Sequence) -> Joining | None:
         """Prefill the next chunk of `seq`'s prompt; at its end, its first token and its joining."""
         prompt = seq.request.prompt
-        size = self.scheduler.chunk(len(prompt) - seq.prefilled, decoding=bool(self._running))
+        size = self.scheduler.chunk(len(prompt) - seq.prefilled, bool(self._running), seq.prefilled)
         started = self.clock()
         out = self.decoder.prefill(prompt[seq.prefilled : seq.prefilled + size], seq.cache)
         seconds = self.clock() - started
-        self.scheduler.prefill.observe(size, seconds)
+        self.scheduler.prefill.observe(size, seconds, seq.prefilled)
         if self.observer is not None:
             self.observer.step("prefill", seconds, size)
         seq.cache, seq.prefilled = out.present, seq.prefilled + size

@@ -66,31 +66,36 @@ class Ewma:
         self.value = value if self.value is None else (1 - self.weight) * self.value + self.weight * value
 
 
-class LinearCost:
-    """A call's time as `fixed + per_item x items`, fitted by least squares over the last calls: a
-    prefill chunk pays a share of the step that does not shrink with it (the head's logits for the
-    last position, every layer's overheads), so a per-token average measured on small chunks
-    overestimates large ones, and chunks sized by it shrink until they are all overhead (measured
-    served: 6.5 chunks for each 40-token prompt, prefill 46 % of the model's time)."""
+class PrefillCost:
+    """A prefill call's time as `fixed + per_token x tokens + per_past x past tokens`, fitted by
+    least squares over the last calls. A call pays a part that does not shrink with it (the head's
+    logits for the last position, every layer's overheads), so a per-token average measured on
+    small chunks overestimates large ones, and chunks sized by it shrank until they were all
+    overhead (measured served: 6.5 calls for each 40-token prompt, prefill 46 % of the model's
+    time); and a chunk of a long prompt attends over, and copies, the cache before it, so it costs
+    more as the prompt goes on (a 2,000-token prompt's last chunks ran past their time)."""
 
     def __init__(self, window: int = 64) -> None:
-        self.samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self.samples: deque[tuple[float, float, float]] = deque(maxlen=window)
 
-    def observe(self, items: int, seconds: float) -> None:
-        self.samples.append((float(items), seconds))
+    def observe(self, tokens: int, seconds: float, past: int = 0) -> None:
+        self.samples.append((float(tokens), float(past), seconds))
 
-    def fit(self) -> tuple[float, float] | None:
-        """(fixed, per item) in seconds; None before any call."""
+    def fit(self) -> tuple[float, float, float] | None:
+        """(fixed, per token, per past token) in seconds; None before any call."""
         if not self.samples:
             return None
-        n = np.array([s[0] for s in self.samples])
-        t = np.array([s[1] for s in self.samples])
+        data = np.array(self.samples)
+        n, past, t = data[:, 0], data[:, 1], data[:, 2]
+        columns = [np.ones_like(n), n] + ([past] if np.ptp(past) > 0 else [])
         if np.ptp(n) == 0:  # one size seen: no fixed part to tell apart
-            return 0.0, float(t.mean() / n[0])
-        per_item, fixed = np.polyfit(n, t, 1)
-        if per_item <= 0:
-            return 0.0, float((t / n).mean())
-        return max(0.0, float(fixed)), float(per_item)
+            return 0.0, float((t / n).mean()), 0.0
+        coef = np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]
+        fixed, per_token = float(coef[0]), float(coef[1])
+        per_past = float(coef[2]) if len(coef) > 2 else 0.0
+        if per_token <= 0:
+            return 0.0, float((t / n).mean()), 0.0
+        return max(0.0, fixed), per_token, max(0.0, per_past)
 
 
 class Scheduler:
@@ -101,7 +106,7 @@ class Scheduler:
         self.reserved = 0  # tokens held by admitted requests
         self.waiting = 0
         self.decode_s = Ewma()  # one decode step of the running batch
-        self.prefill = LinearCost()  # a prefill chunk, by its tokens
+        self.prefill = PrefillCost()  # a prefill call, by its tokens and the cache before them
 
     def admit(self, need: int) -> None:
         """Hold `need` tokens (prompt + max_tokens) for a new request, or refuse it."""
@@ -142,17 +147,17 @@ class Scheduler:
             return False
         return (rows + 1) * max(reach, joining_reach) <= self.limits.capacity or rows == 0
 
-    def chunk(self, remaining: int, decoding: bool) -> int:
-        """How many of a prompt's `remaining` tokens to prefill this step: what fits in
-        `prefill_share` of a decode step's time (the fitted cost), at least `min_chunk`; the whole
-        rest when it is at most half a chunk more (a second call would pay the fixed part again
-        for a few tokens)."""
+    def chunk(self, remaining: int, decoding: bool, past: int = 0) -> int:
+        """How many of a prompt's `remaining` tokens to prefill this step after the `past` already
+        prefilled: what fits in `prefill_share` of a decode step's time (the fitted cost), at
+        least `min_chunk`; the whole rest when it is at most half a chunk more (a second call
+        would pay the fixed part again for a few tokens)."""
         limits = self.limits
         size = limits.max_chunk
         cost, step = self.prefill.fit(), self.decode_s.value
         if decoding and cost is not None and step:
-            fixed, per_token = cost
-            size = int((limits.prefill_share * step - fixed) / per_token + 1e-6)
+            fixed, per_token, per_past = cost
+            size = int((limits.prefill_share * step - fixed - per_past * past) / per_token + 1e-6)
         size = max(limits.min_chunk, min(size, limits.max_chunk))
         return remaining if remaining <= size * 3 // 2 else size
 

@@ -161,12 +161,16 @@ def test_prefill_chunks_keep_within_a_decode_steps_time() -> None:
     scheduler.decode_s.observe(0.040)
     for tokens in (16, 64, 128):  # 10 ms whatever the size, and 0.5 ms a token
         scheduler.prefill.observe(tokens, 0.010 + 0.0005 * tokens)
-    fixed, per_token = scheduler.prefill.fit() or (0, 0)
-    assert (round(fixed, 6), round(per_token, 6)) == (0.01, 0.0005)
+    fixed, per_token, per_past = scheduler.prefill.fit() or (0, 0, 0)
+    assert (round(fixed, 6), round(per_token, 6), per_past) == (0.01, 0.0005, 0.0)
     assert scheduler.chunk(2000, decoding=True) == 60  # (40 ms - 10 ms) / 0.5 ms beside a 40 ms decode step
     assert scheduler.chunk(2000, decoding=False) == 512
     assert scheduler.chunk(85, decoding=True) == 85  # at most half a chunk more: all of it at once
     assert scheduler.chunk(95, decoding=True) == 60
+    for past in (0, 1000, 2000):  # a chunk's cache before it costs too: 5 us a token of it
+        scheduler.prefill.observe(64, 0.010 + 0.0005 * 64 + 0.000005 * past, past)
+    assert scheduler.chunk(2000, decoding=True, past=0) == 60
+    assert scheduler.chunk(2000, decoding=True, past=2000) == 40  # (40 - 10 - 10) ms / 0.5 ms
     for _ in range(64):
         scheduler.prefill.observe(16, 0.5)  # slow calls: never below the least chunk
     assert scheduler.chunk(2000, decoding=True) == 16
