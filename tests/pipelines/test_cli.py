@@ -244,7 +244,7 @@ def test_options_a_task_does_not_read_are_named_in_plain_english(tiny_bert: Path
         (["--task", "Text-Embedding"], "unknown task 'Text-Embedding' (known: "),
         (["--task", "embeding"], "unknown task 'embeding' (known: "),
         (["--targets", "CPU"], "unknown target 'CPU' (known: cpu, cuda)"),
-        (["--precisions", "INT8"], "unknown precision 'INT8' (known: fp32, fp16, int8)"),
+        (["--precisions", "INT8"], "unknown precision 'INT8' (known: fp32, fp16, int8, int4)"),
         (["--threshold", "min_cosin=0.9"], "unknown threshold 'min_cosin' (known: "),
     ],
 )
