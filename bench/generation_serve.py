@@ -181,9 +181,12 @@ async def long_prompt_arrives(url: str, model: str) -> dict[str, Any]:
     before, during = gaps(arrival - 3.0, arrival), gaps(arrival, first)
     return {
         "long_prompt_ttft_s": first - arrival,
+        "itl_p50_before_ms": _pct(before, 50) * 1000,
+        "itl_p50_during_ms": _pct(during, 50) * 1000,
         "itl_p99_before_ms": _pct(before, 99) * 1000,
         "itl_p99_during_ms": _pct(during, 99) * 1000,
         "ratio": _pct(during, 99) / _pct(before, 99),
+        "ratio_p50": _pct(during, 50) / _pct(before, 50),
         "gaps_before": len(before),
         "gaps_during": len(during),
     }
@@ -229,12 +232,13 @@ def main() -> int:
     parser.add_argument("--parts", default="streams,prefill,memory")
     parser.add_argument("--max-memory", default="3G")
     parser.add_argument("--out", default="bench/results/generation_serve.json")
+    parser.add_argument("--server-option", action="append", default=[], help="passed to ortpack-serve, e.g. --prefill-share=0.5")
     args = parser.parse_args()
     bundle = args.bundle or bench_bundle(args.variant.split("-", 1)[1])
     model = json.loads((bundle / "manifest.json").read_text())["name"]
     parts = set(args.parts.split(","))
-    common = ("--variant", args.variant, "--request-timeout-ms", "1800000", "--max-waiting-sequences", "1024")
-    results: dict[str, Any] = {**measured_on(), "bundle": str(bundle), "variant": args.variant}
+    common = ("--variant", args.variant, "--request-timeout-ms", "1800000", "--max-waiting-sequences", "1024", *args.server_option)
+    results: dict[str, Any] = {**measured_on(), "bundle": str(bundle), "variant": args.variant, "server_options": common}
     if "streams" in parts or "prefill" in parts:
         with serving(bundle, *common) as (url, _):
             if "streams" in parts:
