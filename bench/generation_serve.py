@@ -232,13 +232,28 @@ def main() -> int:
     parser.add_argument("--parts", default="streams,prefill,memory")
     parser.add_argument("--max-memory", default="3G")
     parser.add_argument("--out", default="bench/results/generation_serve.json")
-    parser.add_argument("--server-option", action="append", default=[], help="passed to ortpack-serve, e.g. --prefill-share=0.5")
+    parser.add_argument(
+        "--server-option", action="append", default=[], help="passed to ortpack-serve, e.g. --prefill-share=0.5"
+    )
     args = parser.parse_args()
     bundle = args.bundle or bench_bundle(args.variant.split("-", 1)[1])
     model = json.loads((bundle / "manifest.json").read_text())["name"]
     parts = set(args.parts.split(","))
-    common = ("--variant", args.variant, "--request-timeout-ms", "1800000", "--max-waiting-sequences", "1024", *args.server_option)
-    results: dict[str, Any] = {**measured_on(), "bundle": str(bundle), "variant": args.variant, "server_options": common}
+    common = (
+        "--variant",
+        args.variant,
+        "--request-timeout-ms",
+        "1800000",
+        "--max-waiting-sequences",
+        "1024",
+        *args.server_option,
+    )
+    results: dict[str, Any] = {
+        **measured_on(),
+        "bundle": str(bundle),
+        "variant": args.variant,
+        "server_options": common,
+    }
     if "streams" in parts or "prefill" in parts:
         with serving(bundle, *common) as (url, _):
             if "streams" in parts:
