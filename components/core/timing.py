@@ -268,6 +268,17 @@ def text_bench_shapes(max_length: int) -> dict[str, tuple[int, int]]:
     return shapes
 
 
+def decoder_bench_shapes(context: int) -> dict[str, tuple[int, int, int]]:
+    """shape key -> (batch, new tokens, past tokens): a 128-token prompt's prefill (time to first
+    token) and a decode step after it at batch 1 and 8 (tokens per second), within the context."""
+    prompt = min(128, context // 2)
+    return {
+        f"prefill_b1_s{prompt}": (1, prompt, 0),
+        f"decode_b1_p{prompt}": (1, 1, prompt),
+        f"decode_b8_p{prompt}": (8, 1, prompt),
+    }
+
+
 def synthetic_text_batch(
     batch: int,
     seq: int,

@@ -304,18 +304,8 @@ class TextGenerationRuntime:
 
         async for data in merged(streams, chunk):
             yield data
-        if usage:
-            total = sum(counts)
-            yield sse(
-                {
-                    **head,
-                    "choices": [],
-                    "usage": Usage(
-                        prompt_tokens=prompt, completion_tokens=total, total_tokens=prompt + total
-                    ).model_dump(),
-                }
-            )
-        yield DONE
+        for data in _closing(head, usage, prompt, counts):
+            yield data
 
     def _token_logprobs(self, events: list[Event]) -> list[TokenLogprob]:
         out = []
@@ -397,18 +387,8 @@ class TextGenerationRuntime:
 
         async for data in merged(streams, chunk):
             yield data
-        if usage:
-            total = sum(counts)
-            yield sse(
-                {
-                    **head,
-                    "choices": [],
-                    "usage": Usage(
-                        prompt_tokens=prompt, completion_tokens=total, total_tokens=prompt + total
-                    ).model_dump(),
-                }
-            )
-        yield DONE
+        for data in _closing(head, usage, prompt, counts):
+            yield data
 
     def _completion_logprobs(self, events: list[Event], offset: int) -> CompletionLogprobs:
         out = CompletionLogprobs()
@@ -556,6 +536,16 @@ def _check(events: list[Event]) -> Event:
     if last.finish_reason == "error":
         raise InferenceError(last.error or "the model failed")
     return last
+
+
+def _closing(head: dict[str, Any], usage: bool, prompt: int, counts: list[int]) -> list[bytes]:
+    """A stream's last events: the usage chunk (no choices) when `stream_options.include_usage`
+    asked for it, then `[DONE]`."""
+    if not usage:
+        return [DONE]
+    total = sum(counts)
+    tokens = Usage(prompt_tokens=prompt, completion_tokens=total, total_tokens=prompt + total)
+    return [sse({**head, "choices": [], "usage": tokens.model_dump()}), DONE]
 
 
 def _usage(prompt: int, finished: list[list[Event]]) -> Usage:

@@ -45,7 +45,7 @@ from ortpack.components.core.exporters.text_common import (
 from ortpack.components.core.graph_files import save_graph
 from ortpack.components.core.reference import REFERENCE_FILE, Reference
 from ortpack.components.core.specs import ExportSpec
-from ortpack.components.core.timing import measure_latency
+from ortpack.components.core.timing import decoder_bench_shapes, measure_latency
 from ortpack.components.core.validation_data import generation_prompts, perplexity_text
 from ortpack.kernel.contracts.text_generation import (
     ATTENTION_MASK,
@@ -334,17 +334,6 @@ def top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int32), np.take_along_axis(logp, ids, axis=1).astype(np.float32)
 
 
-def bench_shapes(context: int) -> dict[str, tuple[int, int, int]]:
-    """shape key -> (batch, new tokens, past tokens): a 128-token prompt's prefill (time to first
-    token) and a decode step after it at batch 1 and 8 (tokens per second), within the context."""
-    prompt = min(128, context // 2)
-    return {
-        f"prefill_b1_s{prompt}": (1, prompt, 0),
-        f"decode_b1_p{prompt}": (1, 1, prompt),
-        f"decode_b8_p{prompt}": (8, 1, prompt),
-    }
-
-
 def bench_inputs(batch: int, new: int, past: int, geometry: tuple[int, int, int], vocab: int) -> dict[str, Any]:
     """Random token ids and a random cache of one benchmark shape, as the graph takes them."""
     layers, heads, width = geometry
@@ -370,7 +359,7 @@ def torch_latency(step: DecoderStep, geometry: tuple[int, int, int], context: in
         pass  # this architecture has only eager attention
     latency = {}
     with torch.inference_mode():
-        for key, (batch, new, past) in bench_shapes(context).items():
+        for key, (batch, new, past) in decoder_bench_shapes(context).items():
             feeds = bench_inputs(batch, new, past, geometry, vocab)
             args = [torch.from_numpy(a) for a in feeds.values()]
             latency[key] = measure_latency(partial(step, *args), budget_s=3.0)

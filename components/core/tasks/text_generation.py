@@ -47,6 +47,7 @@ from ortpack.components.core.reference import Reference
 from ortpack.components.core.sources import resolve_checkpoint
 from ortpack.components.core.specs import ParityThresholds
 from ortpack.components.core.tasks.family import Comparison, ReportSpec, TaskFamily
+from ortpack.components.core.timing import decoder_bench_shapes
 from ortpack.kernel.contracts.text_generation import (
     ATTENTION_MASK,
     CONTRACT,
@@ -203,17 +204,6 @@ def select_probe(export: ExportResult, export_dir: Path) -> Probe:
 # ---------------------------------------------------------------- benchmarks
 
 
-def bench_shapes(context: int) -> dict[str, tuple[int, int, int]]:
-    """shape key -> (batch, new tokens, past tokens): a 128-token prompt's prefill (time to first
-    token) and a decode step after it at batch 1 and 8 (tokens per second), within the context."""
-    prompt = min(128, context // 2)
-    return {
-        f"prefill_b1_s{prompt}": (1, prompt, 0),
-        f"decode_b1_p{prompt}": (1, 1, prompt),
-        f"decode_b8_p{prompt}": (8, 1, prompt),
-    }
-
-
 def bench_inputs(batch: int, new: int, past: int, settings: Any, vocab: int) -> dict[str, np.ndarray]:
     """Random token ids and a random cache of one benchmark shape, as the graph takes them
     (`settings`: the manifest's decoder section, as a dict or the model)."""
@@ -238,7 +228,7 @@ def bench_feeds(export: ExportResult) -> dict[str, tuple[int, dict[str, np.ndarr
     decoder, vocab = settings["decoder"], int(settings["decoder"]["vocab_size"])
     return {
         key: (batch, bench_inputs(batch, new, past, decoder, vocab))
-        for key, (batch, new, past) in bench_shapes(int(settings["tokenizer"]["max_length"])).items()
+        for key, (batch, new, past) in decoder_bench_shapes(int(settings["tokenizer"]["max_length"])).items()
     }
 
 
@@ -376,7 +366,7 @@ def speed_rows(export: ExportResult, records: Sequence[Any]) -> list[list[str]]:
     """The report's speed table: per engine (PyTorch eager at export, each variant at benchmark),
     the prompt's prefill (time to first token, prompt tokens/s), decode tokens/s at batch 1 and 8,
     weights on disk; the cache each token holds is the same for all (fp32)."""
-    shapes = bench_shapes(int(export.task_settings["tokenizer"]["max_length"]))
+    shapes = decoder_bench_shapes(int(export.task_settings["tokenizer"]["max_length"]))
     prefill, one, eight = list(shapes)
     prompt = shapes[prefill][1]
     kv = TextGenerationSettings.model_validate({**export.task_settings, "task": export.task}).decoder
