@@ -326,23 +326,30 @@ def test_logprobs_come_with_each_token(loop: Generator) -> None:
         assert pick.top[0][0] == pick.token  # greedy: the best is the one taken
 
 
+class StepsRecorded:
+    """A loop observer that keeps each step's kind and token count (the others are not needed)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, int]] = []
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def token_gap(self, seconds: float) -> None: ...
+
+    def finished(self, reason: str, prompt: int, completion: int) -> None: ...
+
+    def step(self, kind: str, seconds: float, tokens: int) -> None:
+        self.steps.append((kind, tokens))
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(
     decoder: Decoder, tokenizer: Any, settings: TextGenerationSettings
 ) -> None:
-    steps: list[tuple[str, int]] = []
-
-    class Steps:
-        def first_token(self, seconds: float) -> None: ...
-
-        def token_gap(self, seconds: float) -> None: ...
-
-        def finished(self, reason: str, prompt: int, completion: int) -> None: ...
-
-        def step(self, kind: str, seconds: float, tokens: int) -> None:
-            steps.append((kind, tokens))
+    recorded = StepsRecorded()
+    steps = recorded.steps
 
     limits = Limits(capacity=4000, context=512, max_chunk=64, min_chunk=16, prefill_share=0.5)
-    generator = Generator(decoder, tokenizer, settings, limits, observer=Steps())
+    generator = Generator(decoder, tokenizer, settings, limits, observer=recorded)
     generator.warm_up()
     generator.start()
     try:
@@ -366,19 +373,10 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(
 def test_short_prompts_waiting_together_are_prefilled_in_one_call(
     decoder: Decoder, tokenizer: Any, settings: TextGenerationSettings
 ) -> None:
-    steps: list[tuple[str, int]] = []
+    recorded = StepsRecorded()
+    steps = recorded.steps
 
-    class Steps:
-        def first_token(self, seconds: float) -> None: ...
-
-        def token_gap(self, seconds: float) -> None: ...
-
-        def finished(self, reason: str, prompt: int, completion: int) -> None: ...
-
-        def step(self, kind: str, seconds: float, tokens: int) -> None:
-            steps.append((kind, tokens))
-
-    generator = Generator(decoder, tokenizer, settings, Limits(capacity=4000, context=512), observer=Steps())
+    generator = Generator(decoder, tokenizer, settings, Limits(capacity=4000, context=512), observer=recorded)
     sinks = [Collected() for _ in PROMPTS]
     for prompt, sink in zip(PROMPTS, sinks, strict=True):
         generator.submit(greedy(prompt, 12), sink)  # all waiting before the loop's first step
