@@ -231,9 +231,9 @@ _HELP = {
     "max_waiting_sequences": "text-generation: most admitted sequences waiting for their prefill; more get 429",
     "prefill_chunk": "text-generation: most prompt tokens prefilled in one step",
     "prefill_share": "text-generation: while other sequences decode, a prompt's prefill chunk takes at most this "
-    "share of a decode step's time: the others' time between tokens grows at most by it (a 2,000-token prompt "
-    "arriving beside 8 streams: share 1.0 gave 2.3x their p99, first token after 23 s); higher: long prompts start "
-    "sooner, the others wait longer",
+    "share of a decode step's time, as predicted from measured calls (a 2,000-token prompt arriving beside 8 "
+    "streams: share 0.75 gave 2.1x their p99 time between tokens, not 1.75x: see docs/generation.md); higher: long "
+    "prompts start sooner, the others wait longer",
     "kv_cache_share": "text-generation: share of the memory left once the model is loaded that the key/value cache "
     "may hold; a request holds its prompt plus max_tokens, and one that does not fit gets 429",
     "max_connections": "most open client connections; more are answered 503 and closed",
