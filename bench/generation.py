@@ -170,7 +170,7 @@ def ortpack_runner(model: Path, export_dir: Path) -> Callable[[list[list[int]], 
     session = create_session(model, plan, intra_op_threads=os.cpu_count() or 1, allow_spinning=True)
     tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
     limits = Limits(capacity=1 << 20, context=settings.tokenizer.max_length, max_running=32)
-    generator = Generator(Decoder(session, settings.decoder), tokenizer, settings, limits)
+    generator = Generator(Decoder(session, settings.decoder), tokenizer, settings.generation.eos_token_ids, limits)
     generator.warm_up()
     generator.start()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,12 +25,13 @@ from ortpack.kernel.generation.decoder import Cache, Decoder, as_array, cache_nb
 
 @dataclass(frozen=True, slots=True)
 class Joining:
-    """A sequence entering the batch: its key, its own cache (batch 1, unpadded) and the position
-    of its next token."""
+    """A sequence entering the batch: its key, its own cache (batch 1, unpadded), the position of
+    its next token and its context (batch 1; none for a decoder-only model)."""
 
     key: Hashable
     cache: Cache
     position: int
+    context: Sequence[Any] = ()
 
 
 class DecodeBatch:
@@ -42,6 +44,7 @@ class DecodeBatch:
         self.past: Cache = decoder.empty_cache(0)
         self.mask = np.zeros((0, 0), np.int64)
         self.positions = np.zeros(0, np.int64)
+        self.context: Cache = decoder.empty_context(0)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -53,7 +56,7 @@ class DecodeBatch:
 
     @property
     def nbytes(self) -> int:
-        return cache_nbytes(self.past)
+        return cache_nbytes(self.past) + cache_nbytes(self.context)
 
     def real_tokens(self) -> int:
         return int(self.mask.sum())
@@ -81,6 +84,10 @@ class DecodeBatch:
                     new[out, :, width - n :] = as_array(own)[0]
             mask[out, width - n :] = 1
         self.past, self.mask = past, mask
+        if self.context:  # whole rows, the same length for all: kept ones taken, joining ones appended
+            self.context = [
+                np.concatenate([mine[rows], *(j.context[i] for j in joining)]) for i, mine in enumerate(self.context)
+            ]
         self.positions = np.array([*(self.positions[r] for r in rows), *(j.position for j in joining)], np.int64)
         self.keys = [*keep, *(j.key for j in joining)]
 
@@ -89,7 +96,11 @@ class DecodeBatch:
         batch = len(self.keys)
         mask = np.concatenate([self.mask, np.ones((batch, 1), np.int64)], axis=1)
         out = self.decoder.step(
-            np.asarray(tokens, np.int64).reshape(batch, 1), self.positions.reshape(batch, 1).copy(), mask, self.past
+            np.asarray(tokens, np.int64).reshape(batch, 1),
+            self.positions.reshape(batch, 1).copy(),
+            mask,
+            self.past,
+            context=self.context,
         )  # the present caches stay OrtValues: the next step's past, never copied here
         self.past, self.mask = out.present, mask
         self.positions = self.positions + 1

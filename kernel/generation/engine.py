@@ -24,16 +24,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from ortpack.kernel.contracts.text_generation import TextGenerationSettings
 from ortpack.kernel.errors import InputError
 from ortpack.kernel.generation.cache import DecodeBatch, Joining
-from ortpack.kernel.generation.decoder import Cache, Decoder, as_array, cache_nbytes
+from ortpack.kernel.generation.decoder import Cache, Decoder, LogitsRule, as_array, cache_nbytes
 from ortpack.kernel.generation.sampling import Pick, Sampler, SamplingParams, pick_greedy_batch
 from ortpack.kernel.generation.scheduler import Limits, Scheduler
 from ortpack.kernel.generation.text import TextStream
@@ -59,12 +58,23 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     deadline: float | None = None  # for the first token, on the generator's clock
+    # the sequence's context, fed beside its cache at every step (the decoder's `context_names`:
+    # Whisper's cross-attention keys and values of its audio window), batch 1 each
+    context: Sequence[Any] = ()
+    # rules over each next token's logits, in order, before it is picked (Whisper's suppressed tokens)
+    rules: tuple[LogitsRule, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prompt:
             raise InputError("the prompt is empty")
         if self.max_tokens < 1:
             raise InputError(f"max_tokens must be at least 1, got {self.max_tokens}")
+
+    def pick(self, sampler: Sampler, generated: Sequence[int], row: np.ndarray) -> Pick:
+        """The next token from one row of logits (changed in place by the rules)."""
+        for rule in self.rules:
+            rule(generated, row)
+        return sampler.pick(row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +160,7 @@ class Generator:
         self,
         decoder: Decoder,
         tokenizer: Any,
-        settings: TextGenerationSettings,
+        eos_token_ids: Iterable[int],
         limits: Limits,
         *,
         observer: Observer | None = None,
@@ -158,11 +168,10 @@ class Generator:
     ) -> None:
         self.decoder = decoder
         self.tokenizer = tokenizer
-        self.settings = settings
         self.scheduler = Scheduler(limits)
         self.observer = observer
         self.clock = clock
-        self.eos = frozenset(settings.generation.eos_token_ids)
+        self.eos = frozenset(eos_token_ids)
         self._cond = threading.Condition()
         self._incoming: deque[_Sequence] = deque()
         self._waiting: deque[_Sequence] = deque()
@@ -193,9 +202,16 @@ class Generator:
         own = self._prefilling.cache if self._prefilling is not None else None
         return self._batch.nbytes + (cache_nbytes(own) if own else 0)
 
+    def check_context(self, request: GenerationRequest) -> None:
+        """A request's context must be what the decoder takes (none for a decoder-only model)."""
+        names = self.decoder.context_names
+        if len(request.context) != len(names):
+            raise InputError(f"the decoder takes {len(names)} context tensors, the request has {len(request.context)}")
+
     def submit(self, request: GenerationRequest, sink: Callable[[Event], None]) -> Handle:
         """Admit `request` (InputError: it can never fit; CacheFullError: not now) and start
         streaming its events to `sink`."""
+        self.check_context(request)
         handle = Handle(self)
         with self._cond:
             if not self._accepting:
@@ -225,17 +241,18 @@ class Generator:
         vocab = self.decoder.vocab_size
         short = [i % vocab for i in range(1, 17)]
         chunk = min(self.limits.max_chunk, max(self.limits.context // 2, 1))
+        context = self.decoder.empty_context(1)
         timed = self.clock()
-        first = self.decoder.prefill([i % vocab for i in range(chunk)])
+        first = self.decoder.prefill([i % vocab for i in range(chunk)], context=context)
         self.scheduler.prefill.observe(chunk, self.clock() - timed)
         timed = self.clock()
-        second = self.decoder.prefill(short)
+        second = self.decoder.prefill(short, context=context)
         self.scheduler.prefill.observe(len(short), self.clock() - timed)
         batch = DecodeBatch(self.decoder)
-        batch.rebuild([], [Joining(key=0, cache=second.present, position=len(short))])
+        batch.rebuild([], [Joining(key=0, cache=second.present, position=len(short), context=context)])
         for rows in (1, 2):
             if rows == 2:
-                batch.rebuild([0], [Joining(key=1, cache=first.present, position=chunk)])
+                batch.rebuild([0], [Joining(key=1, cache=first.present, position=chunk, context=context)])
             for _ in range(2):
                 timed = self.clock()
                 batch.step(np.ones(rows, np.int64))
@@ -338,9 +355,12 @@ class Generator:
         if self.observer is not None:
             self.observer.step("decode", seconds, len(rows))
         if all(seq.request.sampling.greedy and seq.request.sampling.logprobs is None for seq in rows):
+            for seq, row in zip(rows, logits, strict=True):
+                for rule in seq.request.rules:
+                    rule(seq.generated, row)
             picks = [Pick(token=int(t), logprob=None) for t in pick_greedy_batch(logits)]
         else:
-            picks = [seq.sampler.pick(row) for seq, row in zip(rows, logits, strict=True)]
+            picks = [seq.request.pick(seq.sampler, seq.generated, row) for seq, row in zip(rows, logits, strict=True)]
         now = self.clock()
         ended = set()
         for seq, pick in zip(rows, picks, strict=True):
@@ -401,8 +421,9 @@ class Generator:
             ids[row, width - n :] = seq.request.prompt
             mask[row, width - n :] = 1
             positions[row, width - n :] = np.arange(n)
+        context = [np.concatenate(parts) for parts in zip(*(s.request.context for s in seqs), strict=True)]
         started = self.clock()
-        out = self.decoder.step(ids, positions, mask, self.decoder.empty_cache(len(seqs)))
+        out = self.decoder.step(ids, positions, mask, self.decoder.empty_cache(len(seqs)), context=context)
         seconds = self.clock() - started
         self.scheduler.prefill.observe(ids.size, seconds)
         if self.observer is not None:
@@ -412,12 +433,12 @@ class Generator:
         for row, seq in enumerate(seqs):
             n = len(seq.request.prompt)
             seq.prefilled = n
-            if self._advance(seq, seq.sampler.pick(out.logits[row, -1]), now):
+            if self._advance(seq, seq.request.pick(seq.sampler, seq.generated, out.logits[row, -1]), now):
                 continue
             self._running[seq.key] = seq
             # copies: a view would outlive the step's OrtValues
             cache = [np.ascontiguousarray(as_array(p)[row : row + 1, :, width - n :]) for p in out.present]
-            joining.append(Joining(key=seq.key, cache=cache, position=n))
+            joining.append(Joining(key=seq.key, cache=cache, position=n, context=seq.request.context))
         return joining
 
     def _prefill_chunk(self, seq: _Sequence) -> Joining | None:
@@ -425,7 +446,7 @@ class Generator:
         prompt = seq.request.prompt
         size = self.scheduler.chunk(len(prompt) - seq.prefilled, bool(self._running), seq.prefilled)
         started = self.clock()
-        out = self.decoder.prefill(prompt[seq.prefilled : seq.prefilled + size], seq.cache)
+        out = self.decoder.prefill(prompt[seq.prefilled : seq.prefilled + size], seq.cache, context=seq.request.context)
         seconds = self.clock() - started
         self.scheduler.prefill.observe(size, seconds, seq.prefilled)
         if self.observer is not None:
@@ -435,10 +456,10 @@ class Generator:
             return None
         self._prefilling = None
         cache, seq.cache = seq.cache, None
-        if self._advance(seq, seq.sampler.pick(out.logits[0, -1]), self.clock()):
+        if self._advance(seq, seq.request.pick(seq.sampler, seq.generated, out.logits[0, -1]), self.clock()):
             return None
         self._running[seq.key] = seq
-        return Joining(key=seq.key, cache=cache, position=len(prompt))
+        return Joining(key=seq.key, cache=cache, position=len(prompt), context=seq.request.context)
 
     def _advance(self, seq: _Sequence, pick: Pick, now: float) -> bool:
         """Take one picked token: emit its text, or end the sequence; True when it ended."""

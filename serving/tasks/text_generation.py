@@ -129,7 +129,7 @@ class TextGenerationRuntime:
             prefill_share=config.prefill_share,
         )
         decoder = Decoder(self.engine.session, self.settings.decoder)
-        generator = Generator(decoder, self.tokenizer, self.settings, limits)
+        generator = Generator(decoder, self.tokenizer, self.settings.generation.eos_token_ids, limits)
         generator.observer = GenerationMetrics(service.metrics.registry, generator)
         if config.warmup:
             seconds = await asyncio.to_thread(generator.warm_up)

@@ -206,7 +206,9 @@ class Collected:
 
 @pytest.fixture
 def loop(decoder: Decoder, tokenizer: Any, settings: TextGenerationSettings) -> Iterator[Generator]:
-    generator = Generator(decoder, tokenizer, settings, Limits(capacity=4000, context=512, max_running=8))
+    generator = Generator(
+        decoder, tokenizer, settings.generation.eos_token_ids, Limits(capacity=4000, context=512, max_running=8)
+    )
     generator.warm_up()
     generator.start()
     yield generator
@@ -285,7 +287,7 @@ def test_a_request_past_its_deadline_before_its_first_token_ends_so(loop: Genera
 def test_the_cache_budget_refuses_what_does_not_fit_and_frees_it_after(
     decoder: Decoder, tokenizer: Any, settings: TextGenerationSettings
 ) -> None:
-    generator = Generator(decoder, tokenizer, settings, Limits(capacity=100, context=90))
+    generator = Generator(decoder, tokenizer, settings.generation.eos_token_ids, Limits(capacity=100, context=90))
     generator.start()
     try:
         first = Collected()
@@ -349,7 +351,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(
     steps = recorded.steps
 
     limits = Limits(capacity=4000, context=512, max_chunk=64, min_chunk=16, prefill_share=0.5)
-    generator = Generator(decoder, tokenizer, settings, limits, observer=recorded)
+    generator = Generator(decoder, tokenizer, settings.generation.eos_token_ids, limits, observer=recorded)
     generator.warm_up()
     generator.start()
     try:
@@ -376,7 +378,9 @@ def test_short_prompts_waiting_together_are_prefilled_in_one_call(
     recorded = StepsRecorded()
     steps = recorded.steps
 
-    generator = Generator(decoder, tokenizer, settings, Limits(capacity=4000, context=512), observer=recorded)
+    generator = Generator(
+        decoder, tokenizer, settings.generation.eos_token_ids, Limits(capacity=4000, context=512), observer=recorded
+    )
     sinks = [Collected() for _ in PROMPTS]
     for prompt, sink in zip(PROMPTS, sinks, strict=True):
         generator.submit(greedy(prompt, 12), sink)  # all waiting before the loop's first step
@@ -395,7 +399,7 @@ def test_a_stopped_loop_refuses_and_ends_what_was_left(
 ) -> None:
     from ortpack.kernel.generation.engine import LoopStoppedError
 
-    generator = Generator(decoder, tokenizer, settings, Limits(capacity=4000, context=512))
+    generator = Generator(decoder, tokenizer, settings.generation.eos_token_ids, Limits(capacity=4000, context=512))
     generator.start()
     sink = Collected()
     generator.submit(greedy(PROMPTS[0], 400), sink)
