@@ -1,0 +1,281 @@
+"""Whisper on the generation engine: the encoder graph once per 30 s window, the decoder graph as the
+engine's step function with the window's cross-attention keys and values beside each sequence's
+own cache.
+
+The two graphs (exported by components/core/exporters/speech_recognition.py):
+
+- the encoder: mono 16 kHz waveforms `audio` float32 `[batch, samples]` (at most one window; the
+  log-mel front end is inside the graph) to every decoder layer's cross-attention keys and values,
+  `cross_key_values.N.key` / `.value` float32 `[batch, heads, frames, head_dim]` (1,500 frames
+  for 30 s). Computing them once per window is what an encoder-decoder step would otherwise redo
+  every token (6 layers x 2 projections of 1,500 x 512 x 512 for whisper-base: 4.7 GFLOP a token).
+- the decoder: the text-generation step (ortpack.kernel.generation.decoder: `input_ids`,
+  `attention_mask`, `position_ids`, `logits_to_keep`, `past_key_values.N.*` in; `logits`,
+  `present.N.*` out) with the cross keys and values as inputs too: the engine feeds them as the
+  sequence's context (`GenerationRequest.context`), stacked row by row like the cache.
+
+This module holds what is Whisper's own: its settings (special tokens, suppressed tokens, the
+window), the prompt (start of transcript, language, task, no timestamps), the rules that mask
+logits as Whisper's `generate` masks them, and the windows of long audio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ortpack.kernel.errors import InputError
+
+AUDIO = "audio"  # the encoder's input: mono waveforms at the model's sampling rate
+
+
+def cross_name(layer: int, kind: str) -> str:
+    """The encoder's output and the decoder's input for a layer's cross-attention keys or values."""
+    return f"cross_key_values.{layer}.{kind}"
+
+
+def cross_names(layers: int) -> list[str]:
+    return [cross_name(layer, kind) for layer in range(layers) for kind in ("key", "value")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhisperSettings:
+    """What the loop needs of a Whisper checkpoint (its config and generation_config.json)."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    vocab_size: int
+    max_target_positions: int  # the decoder's learned positions: prompt and transcript together
+    sampling_rate: int = 16_000
+    chunk_samples: int = 480_000  # one window: 30 s
+    frames: int = 1_500  # encoder frames per window (cross-attention length)
+    start_of_transcript: int
+    end_of_text: int
+    transcribe: int
+    translate: int | None
+    no_timestamps: int
+    start_of_prev: int | None = None
+    languages: dict[str, int] = field(default_factory=dict)  # "en" -> <|en|>'s id; empty: English-only
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.languages)
+
+
+def whisper_settings(config: Any, generation: Any) -> WhisperSettings:
+    """The settings of a transformers WhisperConfig and its GenerationConfig."""
+    heads = int(config.decoder_attention_heads)
+    langs = dict(getattr(generation, "lang_to_id", None) or {})
+    tasks = dict(getattr(generation, "task_to_id", None) or {})
+    multilingual = bool(getattr(generation, "is_multilingual", bool(langs)))
+    return WhisperSettings(
+        layers=int(config.decoder_layers),
+        heads=heads,
+        head_dim=int(config.d_model) // heads,
+        vocab_size=int(config.vocab_size),
+        max_target_positions=int(config.max_target_positions),
+        frames=int(config.max_source_positions),
+        start_of_transcript=int(generation.decoder_start_token_id),
+        end_of_text=int(generation.eos_token_id),
+        transcribe=int(tasks.get("transcribe", generation.decoder_start_token_id + 1)),
+        translate=int(tasks["translate"]) if multilingual and "translate" in tasks else None,
+        no_timestamps=int(generation.no_timestamps_token_id),
+        start_of_prev=getattr(generation, "prev_sot_token_id", None),
+        languages={k.strip("<|>"): int(v) for k, v in langs.items()} if multilingual else {},
+        suppress_tokens=tuple(int(t) for t in (generation.suppress_tokens or ())),
+        begin_suppress_tokens=tuple(int(t) for t in (generation.begin_suppress_tokens or ())),
+    )
+
+
+def prompt_ids(settings: WhisperSettings, *, language: str | None = None, task: str = "transcribe") -> list[int]:
+    """The decoder's prompt: start of transcript, then (multilingual models) the language and the
+    task, then no timestamps. `language` is a code ("en", "de"); None on a multilingual model is
+    English here (language detection is not built yet). An English-only model takes "en" or None."""
+    if task not in ("transcribe", "translate"):
+        raise InputError(f"task must be 'transcribe' or 'translate', got {task!r}")
+    ids = [settings.start_of_transcript]
+    if not settings.multilingual:
+        if language not in (None, "en"):
+            raise InputError(f"this model is English-only; language {language!r} is not one it takes")
+        if task == "translate":
+            raise InputError("this model is English-only and does not translate")
+    else:
+        code = (language or "en").lower()
+        if code not in settings.languages:
+            raise InputError(
+                f"unknown language {language!r}; this model takes {len(settings.languages)} language codes"
+            )
+        ids.append(settings.languages[code])
+        ids.append(settings.transcribe if task == "transcribe" else settings.translate)  # type: ignore[arg-type]
+    ids.append(settings.no_timestamps)
+    return ids
+
+
+class SuppressTokens:
+    """The logits rules of Whisper's `generate` without timestamps (transformers'
+    SuppressTokensLogitsProcessor and SuppressTokensAtBeginLogitsProcessor): the checkpoint's
+    suppressed tokens never, its begin-suppressed tokens (a blank, end of text) not as the first.
+    Called by the loop with the sequence's generated ids and its logits row (changed in place)."""
+
+    def __init__(self, settings: WhisperSettings) -> None:
+        size = settings.vocab_size
+        self.always = np.array([t for t in settings.suppress_tokens if t < size], np.int64)
+        first = {*settings.suppress_tokens, *settings.begin_suppress_tokens}
+        self.first = np.array(sorted(t for t in first if t < size), np.int64)
+
+    def __call__(self, generated: Sequence[int], row: np.ndarray) -> None:
+        row[self.first if not generated else self.always] = -np.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One 30 s window of a recording: its samples (at most a chunk) and where it starts."""
+
+    index: int
+    start_s: float
+    samples: np.ndarray
+
+
+def windows(audio: np.ndarray, settings: WhisperSettings) -> list[Window]:
+    """A recording cut into consecutive windows of one chunk (the last shorter; the graph pads it)."""
+    if audio.ndim != 1 or not len(audio):
+        raise InputError("the audio has no samples")
+    size = settings.chunk_samples
+    return [
+        Window(index=i, start_s=start / settings.sampling_rate, samples=audio[start : start + size])
+        for i, start in enumerate(range(0, len(audio), size))
+    ]
+
+
+class Encoder:
+    """One session of the encoder graph: windows of audio to their cross-attention keys and values."""
+
+    def __init__(self, session: Any, settings: WhisperSettings) -> None:
+        self.session = session
+        self.settings = settings
+        self.output_names = cross_names(settings.layers)
+
+    def encode(self, samples: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
+        """Each window's cross keys and values (batch 1 each, in the decoder's input order). Windows
+        are padded with zeros to the longest, which leaves their features unchanged."""
+        width = max(len(s) for s in samples)
+        batch = np.zeros((len(samples), width), np.float32)
+        for row, s in enumerate(samples):
+            batch[row, : len(s)] = s
+        outputs = self.session.run(self.output_names, {AUDIO: batch})
+        return [[np.ascontiguousarray(o[row : row + 1]) for o in outputs] for row in range(len(samples))]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One window's transcript and where it lies in the recording (seconds)."""
+
+    start_s: float
+    end_s: float
+    text: str
+    tokens: tuple[int, ...]
+    finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    text: str
+    segments: tuple[Segment, ...]
+    duration_s: float
+    language: str | None
+
+
+class Transcriber:
+    """Recordings to transcripts: each 30 s window encoded once, then decoded greedily by the
+    generation loop (`generator`, over the decoder graph) as one sequence whose context is the
+    window's cross keys and values. The windows of one recording are independent (no previous text
+    is fed as a prompt, no timestamps), so they decode side by side in the running batch, with
+    other requests' windows."""
+
+    def __init__(self, encoder: Encoder, generator: Any, settings: WhisperSettings) -> None:
+        self.encoder = encoder
+        self.generator = generator
+        self.settings = settings
+        self.rule = SuppressTokens(settings)
+
+    def requests(
+        self, audio: np.ndarray, *, language: str | None = None, task: str = "transcribe", temperature: float = 0.0
+    ) -> list[Any]:
+        """The generation requests of a recording's windows (encoded here), in order: greedy at
+        temperature 0 (OpenAI's default for transcriptions), else sampled at that temperature."""
+        from ortpack.kernel.generation.engine import GenerationRequest
+        from ortpack.kernel.generation.sampling import SamplingParams
+
+        sampling = SamplingParams(temperature=temperature)
+        prompt = prompt_ids(self.settings, language=language, task=task)
+        parts = windows(audio, self.settings)
+        budget = self.settings.max_target_positions - len(prompt)
+        out = []
+        for part in parts:
+            (context,) = self.encoder.encode([part.samples])
+            out.append(
+                GenerationRequest(
+                    prompt=prompt, max_tokens=budget, sampling=sampling, context=context, rules=(self.rule,)
+                )
+            )
+        return out
+
+    def transcribe(
+        self,
+        audio: np.ndarray,
+        *,
+        language: str | None = None,
+        task: str = "transcribe",
+        temperature: float = 0.0,
+        timeout_s: float = 600.0,
+    ) -> Transcript:
+        """Transcribe a mono recording at the model's sampling rate, blocking until every window is
+        decoded (TimeoutError past `timeout_s`)."""
+        import threading
+
+        parts = windows(audio, self.settings)
+        requests = self.requests(audio, language=language, task=task, temperature=temperature)
+        done = [threading.Event() for _ in parts]
+        texts: list[list[str]] = [[] for _ in parts]
+        tokens: list[list[int]] = [[] for _ in parts]
+        reasons: list[str] = ["" for _ in parts]
+
+        def sink_for(i: int) -> Any:
+            def sink(event: Any) -> None:
+                texts[i].append(event.text)
+                tokens[i].extend(event.tokens)
+                if event.finish_reason is not None:
+                    reasons[i] = event.error or event.finish_reason
+                    done[i].set()
+
+            return sink
+
+        handles = [self.generator.submit(r, sink_for(i)) for i, r in enumerate(requests)]
+        for i, event in enumerate(done):
+            if not event.wait(timeout_s):
+                for handle in handles:
+                    handle.cancel()
+                raise TimeoutError(f"window {i} of the recording was not transcribed in {timeout_s:.0f} s")
+        rate = self.settings.sampling_rate
+        segments = tuple(
+            Segment(
+                start_s=part.start_s,
+                end_s=part.start_s + len(part.samples) / rate,
+                text="".join(texts[i]).strip(),
+                tokens=tuple(t for t in tokens[i] if t != self.settings.end_of_text),
+                finish_reason=reasons[i],
+            )
+            for i, part in enumerate(parts)
+        )
+        return Transcript(
+            text=" ".join(s.text for s in segments if s.text),
+            segments=segments,
+            duration_s=len(audio) / rate,
+            language=language or ("en" if self.settings.multilingual else None),
+        )
