@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS := export,serve,image,kfp,dev
 
-.PHONY: install trained run test unit lint typecheck format bench coverage coverage-generation bench-generation bench-generation-serve clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
+.PHONY: install trained run test unit lint typecheck format bench coverage coverage-generation bench-generation bench-generation-serve bench-whisper clean golden serve-lock bench-serve bench-image bench-detect bench-embed bench-fronts bench-vision serve images test-images report-shots
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -91,6 +91,11 @@ bench-generation: $(STAMP)
 bench-generation-serve: $(STAMP)
 	test -f build/bench-generation/export/export.json || $(MAKE) bench-generation
 	$(PY) bench/generation_serve.py
+
+# Whisper base transcribing: ortpack's graphs in the generation loop against PyTorch and
+# faster-whisper (bench/results/whisper.json; docs/speech.md).
+bench-whisper: $(TRAINED)
+	$(PY) bench/whisper.py
 
 # The serving benchmark needs wrk (Debian package) and a bundle from `make run`.
 bench-serve: $(STAMP)

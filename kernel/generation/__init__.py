@@ -14,6 +14,8 @@ This package holds that engine's parts, each usable and tested alone:
 - scheduler.py  which sequences run each step: continuous batching, chunked prefill, the
                 key/value cache as a memory budget
 - engine.py     the loop that runs the scheduler's steps on a thread and streams tokens out
+- whisper.py    Whisper on the loop: the encoder graph once per 30 s window, its cross keys and
+                values as each sequence's context, the prompt, suppressed tokens and windows
 
 Nothing here imports the serving side; the server's text-generation plugin drives `engine.py`.
 """

@@ -154,12 +154,18 @@ def windows(audio: np.ndarray, settings: WhisperSettings) -> list[Window]:
 
 
 class Encoder:
-    """One session of the encoder graph: windows of audio to their cross-attention keys and values."""
+    """One session of the encoder graph: windows of audio to their cross-attention keys and values.
+    Calls from several threads run one at a time: the session already uses every core it was given,
+    and eight callers at once on 2 cores took longer together than one after another (measured,
+    bench/whisper.py)."""
 
     def __init__(self, session: Any, settings: WhisperSettings) -> None:
+        import threading
+
         self.session = session
         self.settings = settings
         self.output_names = cross_names(settings.layers)
+        self._lock = threading.Lock()
 
     def encode(self, samples: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
         """Each window's cross keys and values (batch 1 each, in the decoder's input order). Windows
@@ -168,7 +174,8 @@ class Encoder:
         batch = np.zeros((len(samples), width), np.float32)
         for row, s in enumerate(samples):
             batch[row, : len(s)] = s
-        outputs = self.session.run(self.output_names, {AUDIO: batch})
+        with self._lock:
+            outputs = self.session.run(self.output_names, {AUDIO: batch})
         return [[np.ascontiguousarray(o[row : row + 1]) for o in outputs] for row in range(len(samples))]
 
 

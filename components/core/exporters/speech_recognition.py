@@ -166,6 +166,9 @@ def export_encoder(model: Any, feature_extractor: Any, path: Path) -> None:
     front = whisper_log_mel_graph(mels, opset=SPEECH_OPSET)
     front.ir_version = encoder.ir_version
     merged = compose.merge_models(front, encoder, io_map=[(FEATURES_NAME, FEATURES_NAME)])
+    opsets = {o.domain: o.version for o in merged.opset_import}  # both graphs import the default domain
+    del merged.opset_import[:]
+    merged.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items())
     onnx.checker.check_model(merged)
     onnx.save(merged, str(path))
     assert [i.name for i in merged.graph.input] == [AUDIO]
