@@ -48,6 +48,37 @@ def perplexity_text() -> str:
 
 
 @dataclass(frozen=True)
+class SpeechClip:
+    """A shipped recording: its file name, what was said, and its samples (float32 mono in [-1, 1])."""
+
+    name: str
+    text: str
+    samples: np.ndarray
+    sampling_rate: int
+
+
+@cache
+def speech_clips() -> tuple[SpeechClip, ...]:
+    """Five sentences of English speech (2.7-4.8 s each), made once by espeak-ng in four voices at
+    125-180 words a minute and shipped as 16 kHz 16-bit WAV (data/speech.jsonl lists them): what a
+    speech model's transcripts are compared on, PyTorch's and each variant's."""
+    import wave
+
+    root = resources.files("ortpack.components.core").joinpath("data")
+    out = []
+    for line in root.joinpath("speech.jsonl").read_text("utf-8").splitlines():
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        with wave.open(io.BytesIO(root.joinpath(entry["file"]).read_bytes())) as wav:
+            if wav.getnchannels() != 1 or wav.getsampwidth() != 2:
+                raise InvalidSpecError(f"{entry['file']}: the shipped speech must be 16-bit mono")
+            pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+            out.append(SpeechClip(entry["file"], entry["text"], pcm.astype(np.float32) / 32768.0, wav.getframerate()))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class ImageSpec:
     """A generated validation image: rendered the same way wherever it is needed (no files)."""
 

@@ -54,6 +54,7 @@ def _registry() -> dict[str, TaskContract]:
     edges) but on first use: the contracts' gate tables pull numpy, which compiling the pipeline
     never needs."""
     from ortpack.kernel.contracts import (
+        automatic_speech_recognition,
         image_classification,
         image_embedding,
         object_detection,
@@ -73,6 +74,7 @@ def _registry() -> dict[str, TaskContract]:
         image_embedding.CONTRACT,
         semantic_segmentation.CONTRACT,
         text_generation.CONTRACT,
+        automatic_speech_recognition.CONTRACT,
     )
     return {contract.name: contract for contract in contracts}
 

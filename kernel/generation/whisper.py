@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from ortpack.kernel.errors import InputError
+from ortpack.kernel.generation.engine import GenerationRequest
+from ortpack.kernel.generation.sampling import SamplingParams
 
 AUDIO = "audio"  # the encoder's input: mono waveforms at the model's sampling rate
 
@@ -181,13 +183,15 @@ class Encoder:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One window's transcript and where it lies in the recording (seconds)."""
+    """One window's transcript and where it lies in the recording (seconds); `avg_logprob`: the
+    mean log-probability of its tokens, when they were asked for."""
 
     start_s: float
     end_s: float
     text: str
     tokens: tuple[int, ...]
     finish_reason: str
+    avg_logprob: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +203,12 @@ class Transcript:
 
 
 class Transcriber:
-    """Recordings to transcripts: each 30 s window encoded once, then decoded greedily by the
-    generation loop (`generator`, over the decoder graph) as one sequence whose context is the
-    window's cross keys and values. The windows of one recording are independent (no previous text
-    is fed as a prompt, no timestamps), so they decode side by side in the running batch, with
-    other requests' windows."""
+    """Recordings to transcripts: each 30 s window encoded once, then decoded by the generation
+    loop (`generator`, over the decoder graph) as one sequence whose context is the window's cross
+    keys and values. The windows of one recording are independent (no previous text is fed as a
+    prompt, no timestamps), so they decode side by side in the running batch, with other
+    requests' windows. `requests` and `transcript` are the two halves a server drives itself
+    (ortpack.serving.tasks.automatic_speech_recognition); `transcribe` runs both, blocking."""
 
     def __init__(self, encoder: Encoder, generator: Any, settings: WhisperSettings) -> None:
         self.encoder = encoder
@@ -212,26 +217,46 @@ class Transcriber:
         self.rule = SuppressTokens(settings)
 
     def requests(
-        self, audio: np.ndarray, *, language: str | None = None, task: str = "transcribe", temperature: float = 0.0
+        self,
+        parts: Sequence[Window],
+        *,
+        language: str | None = None,
+        task: str = "transcribe",
+        temperature: float = 0.0,
+        logprobs: bool = False,
     ) -> list[Any]:
-        """The generation requests of a recording's windows (encoded here), in order: greedy at
+        """The generation requests of windows (encoded here, one call for all), in order: greedy at
         temperature 0 (OpenAI's default for transcriptions), else sampled at that temperature."""
-        from ortpack.kernel.generation.engine import GenerationRequest
-        from ortpack.kernel.generation.sampling import SamplingParams
-
-        sampling = SamplingParams(temperature=temperature)
         prompt = prompt_ids(self.settings, language=language, task=task)
-        parts = windows(audio, self.settings)
+        sampling = SamplingParams(temperature=temperature, logprobs=0 if logprobs else None)
         budget = self.settings.max_target_positions - len(prompt)
-        out = []
-        for part in parts:
-            (context,) = self.encoder.encode([part.samples])
-            out.append(
-                GenerationRequest(
-                    prompt=prompt, max_tokens=budget, sampling=sampling, context=context, rules=(self.rule,)
-                )
-            )
-        return out
+        contexts = self.encoder.encode([part.samples for part in parts])
+        return [
+            GenerationRequest(prompt=prompt, max_tokens=budget, sampling=sampling, context=c, rules=(self.rule,))
+            for c in contexts
+        ]
+
+    def segment(self, part: Window, events: Sequence[Any]) -> Segment:
+        """A window's segment from its generation events (the last one has the finish reason)."""
+        end = self.settings.end_of_text
+        picks = [p.logprob for e in events for p in e.logprobs if p.logprob is not None]
+        last = events[-1]
+        return Segment(
+            start_s=part.start_s,
+            end_s=part.start_s + len(part.samples) / self.settings.sampling_rate,
+            text="".join(e.text for e in events).strip(),
+            tokens=tuple(t for e in events for t in e.tokens if t != end),
+            finish_reason=last.error or last.finish_reason or "",
+            avg_logprob=float(np.mean(picks)) if picks else None,
+        )
+
+    def transcript(self, audio: np.ndarray, segments: Sequence[Segment], language: str | None) -> Transcript:
+        return Transcript(
+            text=" ".join(s.text for s in segments if s.text),
+            segments=tuple(segments),
+            duration_s=len(audio) / self.settings.sampling_rate,
+            language=language or ("en" if self.settings.multilingual else None),
+        )
 
     def transcribe(
         self,
@@ -247,42 +272,27 @@ class Transcriber:
         import threading
 
         parts = windows(audio, self.settings)
-        requests = self.requests(audio, language=language, task=task, temperature=temperature)
+        requests = self.requests(parts, language=language, task=task, temperature=temperature)
         done = [threading.Event() for _ in parts]
-        texts: list[list[str]] = [[] for _ in parts]
-        tokens: list[list[int]] = [[] for _ in parts]
-        reasons: list[str] = ["" for _ in parts]
+        events: list[list[Any]] = [[] for _ in parts]
 
         def sink_for(i: int) -> Any:
             def sink(event: Any) -> None:
-                texts[i].append(event.text)
-                tokens[i].extend(event.tokens)
+                events[i].append(event)
                 if event.finish_reason is not None:
-                    reasons[i] = event.error or event.finish_reason
                     done[i].set()
 
             return sink
 
-        handles = [self.generator.submit(r, sink_for(i)) for i, r in enumerate(requests)]
-        for i, event in enumerate(done):
-            if not event.wait(timeout_s):
-                for handle in handles:
-                    handle.cancel()
-                raise TimeoutError(f"window {i} of the recording was not transcribed in {timeout_s:.0f} s")
-        rate = self.settings.sampling_rate
-        segments = tuple(
-            Segment(
-                start_s=part.start_s,
-                end_s=part.start_s + len(part.samples) / rate,
-                text="".join(texts[i]).strip(),
-                tokens=tuple(t for t in tokens[i] if t != self.settings.end_of_text),
-                finish_reason=reasons[i],
-            )
-            for i, part in enumerate(parts)
-        )
-        return Transcript(
-            text=" ".join(s.text for s in segments if s.text),
-            segments=segments,
-            duration_s=len(audio) / rate,
-            language=language or ("en" if self.settings.multilingual else None),
-        )
+        handles = []
+        try:
+            for i, request in enumerate(requests):
+                handles.append(self.generator.submit(request, sink_for(i)))
+            for i, finished in enumerate(done):
+                if not finished.wait(timeout_s):
+                    raise TimeoutError(f"window {i} of the recording was not transcribed in {timeout_s:.0f} s")
+        finally:
+            for handle in handles:
+                handle.cancel()  # a no-op for the finished ones
+        segments = [self.segment(part, evs) for part, evs in zip(parts, events, strict=True)]
+        return self.transcript(audio, segments, language)

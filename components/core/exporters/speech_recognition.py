@@ -16,17 +16,39 @@ batch of sequences keeps each row's own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from ortpack.components.core.errors import ModelLoadError, one_line
+from ortpack.components.core.artifacts import ExportResult
+from ortpack.components.core.errors import ExportError, ModelLoadError, one_line
 from ortpack.components.core.exporters.audio_common import FEATURES_NAME, log_mel_settings, whisper_log_mel_graph
+from ortpack.components.core.exporters.text_common import (
+    huggingface_source,
+    save_tokenizer_json,
+    text_versions,
+    weights_file,
+)
+from ortpack.components.core.reference import REFERENCE_FILE, Reference
+from ortpack.components.core.specs import ExportSpec
+from ortpack.components.core.timing import measure_latency
+from ortpack.components.core.validation_data import speech_clips
+from ortpack.kernel.contracts.automatic_speech_recognition import (
+    BENCH_BATCHES,
+    ENCODER_FILE,
+    TASK,
+    SpeechRecognitionSettings,
+    decode_step_feeds,
+    signature,
+)
 from ortpack.kernel.contracts.text_generation import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -37,13 +59,12 @@ from ortpack.kernel.contracts.text_generation import (
     past_name,
     present_name,
 )
-from ortpack.kernel.generation.whisper import AUDIO, WhisperSettings, cross_names, whisper_settings
+from ortpack.kernel.generation.whisper import AUDIO, WhisperSettings, cross_names, prompt_ids, whisper_settings
 
 log = logging.getLogger("ortpack.export")
 
 SPEECH_OPSET = 17  # the front end's floor (audio_common.MIN_OPSET); Whisper needs nothing later
-ENCODER_FILE = "encoder.onnx"
-DECODER_FILE = "decoder.onnx"
+DECODER_FILE = "decoder.onnx"  # where tests and benchmarks put the decoder (a bundle's is the variant's model.onnx)
 
 
 class CrossKeyValues(nn.Module):
@@ -205,3 +226,134 @@ def export_decoder(model: Any, path: Path) -> None:
             **{name: {0: "batch"} for name in cross},
         },
     )
+
+
+def greedy_reference(model: Any, features: Any, clips: list[np.ndarray], language: str | None) -> list[list[int]]:
+    """PyTorch's greedy transcript of each clip, one window each (`generate`, no timestamps): the
+    tokens after the prompt, without the end of text."""
+    eos = int(model.generation_config.eos_token_id)
+    out = []
+    for clip in clips:
+        feats = features(clip, sampling_rate=features.sampling_rate, return_tensors="pt").input_features
+        with torch.inference_mode():
+            ids = model.generate(feats, language=language, task="transcribe", return_timestamps=False, num_beams=1)
+        out.append([int(t) for t in ids[0].tolist() if t != eos])
+    return out
+
+
+def first_logprobs(model: Any, features: Any, clips: list[np.ndarray], prompt: list[int]) -> np.ndarray:
+    """PyTorch's log-probabilities of each clip's first transcript token `[clips, vocab]`: what the
+    export step's spread check reads (random weights give nearly the same row for every clip)."""
+    rows = []
+    for clip in clips:
+        feats = features(clip, sampling_rate=features.sampling_rate, return_tensors="pt").input_features
+        with torch.inference_mode():
+            logits = model(input_features=feats, decoder_input_ids=torch.tensor([prompt])).logits[0, -1]
+        rows.append(torch.log_softmax(logits.double(), -1).numpy())
+    return np.stack(rows)
+
+
+def torch_latency(model: Any, section: SpeechRecognitionSettings) -> dict[str, dict[str, float]]:
+    """PyTorch eager's decoder step at the benchmark's shapes (the variants' are timed on the same
+    feeds), in ms."""
+    step = WhisperDecoderStep(model, section.whisper.layers).eval()
+    out = {}
+    for batch in BENCH_BATCHES:
+        feeds = decode_step_feeds(section.whisper, batch)
+        args = tuple(torch.from_numpy(v) for v in feeds.values())
+
+        def call(args: tuple[Any, ...] = args) -> None:
+            with torch.inference_mode():
+                step(*args)
+
+        out[f"decode_b{batch}"] = measure_latency(call, warmup=2, min_iters=10, max_iters=100, budget_s=2.0)
+    return out
+
+
+def export_speech_recognition(spec: ExportSpec, out_dir: Path) -> ExportResult:
+    """Export `spec.source` (a Whisper checkpoint directory) into `out_dir`: the decoder step as
+    model.onnx, the encoder as encoder.onnx, tokenizer.json and PyTorch's transcripts of the shipped
+    speech (reference.npz)."""
+    model_dir = Path(spec.source)
+    weights = weights_file(model_dir)
+    started = time.perf_counter()
+    tokenizer, features, model = load_whisper(model_dir)
+    settings = settings_of(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "export: Whisper %s, %d decoder layers, encoder with the log-mel front end", model_dir.name, settings.layers
+    )
+    try:
+        export_encoder(model, features, out_dir / ENCODER_FILE)
+        export_decoder(model, out_dir / "model.onnx")
+    except Exception as exc:  # noqa: BLE001 - any exporter failure means this model cannot be exported
+        raise ExportError(f"cannot export {model_dir} to ONNX: {one_line(exc, 300)}") from None
+    seconds = time.perf_counter() - started
+    save_tokenizer_json(tokenizer, out_dir / "tokenizer.json")
+
+    clips = list(speech_clips())
+    if any(c.sampling_rate != settings.sampling_rate for c in clips):
+        raise ExportError(f"the shipped speech is not at the model's {settings.sampling_rate} Hz")
+    samples = [c.samples for c in clips]
+    language = "en" if settings.multilingual else None
+    prompt = prompt_ids(settings, language=language)
+    log.info("export: PyTorch's greedy transcripts of %d shipped clips", len(clips))
+    transcripts = greedy_reference(model, features, samples, language)
+    section = dataclasses.asdict(settings)
+    task_settings = {"whisper": section, "tokenizer_file": "tokenizer.json", "encoder_file": ENCODER_FILE}
+    task_section = SpeechRecognitionSettings.model_validate(task_settings)
+    Reference.write(
+        out_dir / REFERENCE_FILE,
+        {
+            "task": np.array(TASK),
+            "input_names": np.array(sorted(i.name for i in signature(task_section).inputs)),
+            "outputs": first_logprobs(model, features, samples, prompt),
+            "audio": np.concatenate(samples),
+            "audio_ends": np.cumsum([len(s) for s in samples]).astype(np.int64),
+            "prompt": np.asarray(prompt, np.int64),
+            "tokens": np.asarray([t for ts in transcripts for t in ts], np.int64),
+            "token_ends": np.cumsum([len(t) for t in transcripts]).astype(np.int64),
+            "texts": np.array([c.text for c in clips]),
+            "names": np.array([c.name for c in clips]),
+        },
+    )
+    tensors = signature(task_section)
+    config = model.config
+    graph_mb = sum(p.stat().st_size for p in out_dir.glob("*.onnx")) / 1e6
+    return ExportResult(  # written once, by ortpack.components.core.export.export_model
+        task=TASK,
+        name=spec.name,
+        source=huggingface_source(config, model_dir, weights),
+        inputs=[t.spec() for t in tensors.inputs],
+        outputs=[t.spec() for t in tensors.outputs],
+        opset=SPEECH_OPSET,
+        model_info={
+            "model_type": "whisper",
+            "exporter": "torchscript",
+            "fuser": "none",
+            "num_heads": settings.heads,
+            "hidden_size": int(config.d_model),
+            "vocab_size": settings.vocab_size,
+            "num_layers": settings.layers,
+            "encoder_layers": int(config.encoder_layers),
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "multilingual": settings.multilingual,
+        },
+        metrics={
+            "nodes": float(_node_count(out_dir / "model.onnx")),
+            "encoder_nodes": float(_node_count(out_dir / ENCODER_FILE)),
+            "mb": graph_mb,
+            "seconds": seconds,
+            "validation_samples": float(len(clips)),
+        },
+        torch_latency=torch_latency(model, task_section),
+        versions=text_versions(),
+        task_settings=task_settings,
+        extra_files=["tokenizer.json", ENCODER_FILE],
+    )
+
+
+def _node_count(path: Path) -> int:
+    import onnx
+
+    return len(onnx.load(str(path), load_external_data=False).graph.node)

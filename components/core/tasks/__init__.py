@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ortpack.components.core.errors import InvalidSpecError, did_you_mean
 from ortpack.components.core.specs import unknown_task
 from ortpack.components.core.tasks import (
+    automatic_speech_recognition,
     image_classification,
     image_embedding,
     object_detection,
@@ -52,6 +53,7 @@ FAMILIES: dict[str, TaskFamily] = {
         image_embedding.FAMILY,
         semantic_segmentation.FAMILY,
         text_generation.FAMILY,
+        automatic_speech_recognition.FAMILY,
     )
 }
 
