@@ -36,6 +36,10 @@ TASK = "automatic-speech-recognition"
 ENCODER_FILE = "encoder.onnx"
 AUDIO_REQUEST = (Tensor("audio", "float32", (BATCH, "samples")),)  # mono samples at the model's rate
 
+# The longest transcript the gate and the probe compare (a shipped clip's is 12-16 tokens; a model
+# that runs on, random weights for one, is compared up to here, PyTorch's `generate` stopped alike)
+GATE_MAX_TOKENS = 128
+
 # How long a recording the server takes by default (its windows decode side by side): 10 minutes
 MAX_SECONDS = 600.0
 

@@ -18,14 +18,13 @@ from typing import Any
 import numpy as np
 
 from ortpack.kernel.audio import decode_audio
-from ortpack.kernel.contracts.automatic_speech_recognition import SpeechRecognitionSettings
+from ortpack.kernel.contracts.automatic_speech_recognition import GATE_MAX_TOKENS, SpeechRecognitionSettings
 from ortpack.kernel.contracts.text_generation import DecoderSettings
 from ortpack.kernel.engine import EngineContext, EngineSpec, Item
 from ortpack.kernel.generation.decoder import Decoder
 from ortpack.kernel.generation.whisper import Encoder, SuppressTokens, WhisperSettings, prompt_ids
 
 TRANSCRIPT = "transcript"  # the probe's reference: PyTorch's greedy ids (without the end of text)
-PROBE_MAX_TOKENS = 128
 
 
 def open_encoder(
@@ -101,7 +100,7 @@ class SpeechRecognitionEngine:
         end = self.whisper.end_of_text
         tokens = self.decoder.greedy(
             prompt_ids(self.whisper, language=language),
-            PROBE_MAX_TOKENS,
+            GATE_MAX_TOKENS,
             context=context,
             rules=[self.rule],
             stop=frozenset([end]),

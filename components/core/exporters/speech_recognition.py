@@ -44,6 +44,7 @@ from ortpack.components.core.validation_data import speech_clips
 from ortpack.kernel.contracts.automatic_speech_recognition import (
     BENCH_BATCHES,
     ENCODER_FILE,
+    GATE_MAX_TOKENS,
     TASK,
     SpeechRecognitionSettings,
     decode_step_feeds,
@@ -229,14 +230,21 @@ def export_decoder(model: Any, path: Path) -> None:
 
 
 def greedy_reference(model: Any, features: Any, clips: list[np.ndarray], language: str | None) -> list[list[int]]:
-    """PyTorch's greedy transcript of each clip, one window each (`generate`, no timestamps): the
-    tokens after the prompt, without the end of text."""
+    """PyTorch's greedy transcript of each clip, one window each (`generate`, no timestamps, at most
+    GATE_MAX_TOKENS): the tokens after the prompt, without the end of text."""
     eos = int(model.generation_config.eos_token_id)
     out = []
     for clip in clips:
         feats = features(clip, sampling_rate=features.sampling_rate, return_tensors="pt").input_features
         with torch.inference_mode():
-            ids = model.generate(feats, language=language, task="transcribe", return_timestamps=False, num_beams=1)
+            ids = model.generate(
+                feats,
+                language=language,
+                task="transcribe",
+                return_timestamps=False,
+                num_beams=1,
+                max_new_tokens=GATE_MAX_TOKENS,
+            )
         out.append([int(t) for t in ids[0].tolist() if t != eos])
     return out
 
