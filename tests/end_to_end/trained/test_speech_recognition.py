@@ -1,5 +1,6 @@
-"""The automatic-speech-recognition task on trained whisper-base (slow): built into a bundle (export,
-the gate on the shipped speech, the probe, packaging), then served and called with the official
+"""The automatic-speech-recognition task on trained whisper-base (slow): built into a bundle by the
+Kubeflow pipeline run locally (`ortpack run`, kfp.local: export, the int8 search, the gate on the
+shipped speech, the probe, benchmark, packaging), then served and called with the official
 `openai` client and plain multipart requests on 127.0.0.1.
 
 What is checked against PyTorch: the served transcript of a file, decoded by the server as an
@@ -41,17 +42,19 @@ def checkpoint() -> Path:
 
 
 @pytest.fixture(scope="module")
-def bundle(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ortpack.components.core.build import build_bundle
-    from ortpack.components.core.specs import BuildSpec, ExportSpec, variant_grid
+def run(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """(the working folder, the finished `ortpack run`) of the pipeline on whisper-base, fp32 and int8."""
+    from tests.cli import ortpack
 
-    out = tmp_path_factory.mktemp("whisper-bundle") / "whisper-base"
-    spec = BuildSpec(
-        export=ExportSpec(source=str(checkpoint), task=TASK, name="whisper-base"),
-        variants=tuple(variant_grid(["cpu"], ["fp32", "int8"])),
-    )
-    build_bundle(spec, out)
-    return out
+    cwd = tmp_path_factory.mktemp("whisper-run")
+    result = ortpack("run", "--pipeline-root", str(cwd / "runs"), "--model", str(checkpoint), "--task", TASK, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd, result
+
+
+@pytest.fixture(scope="module")
+def bundle(run: tuple[Path, Any]) -> Path:
+    return run[0] / "dist" / "whisper-base"
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +97,16 @@ def files_of(sentence: np.ndarray) -> dict[str, bytes]:
 
 def post(server: Any, files: dict[str, Any], data: dict[str, Any] | None = None, route: str = "transcriptions") -> Any:
     return httpx.post(f"{server.url}/v1/audio/{route}", files=files, data=data or {}, timeout=120)
+
+
+def test_the_pipeline_logged_the_gate_as_kfp_metrics(run: tuple[Path, Any]) -> None:
+    cwd, result = run
+    assert "cpu-int8  pass" in result.stdout and "step 10 of 10: check-gate" in result.stderr
+    found = [
+        json.loads(path.read_text())["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+        for path in sorted((cwd / "runs").glob("**/validate-variant/executor_output.json"))
+    ]
+    assert len(found) == 2 and all(m["parity.exact_match"] >= 0.6 for m in found), found
 
 
 def test_the_bundle_passed_its_gate_and_probe(bundle: Path) -> None:

@@ -2,10 +2,10 @@
 (components/core/exporters/speech_recognition.py, kernel/generation/whisper.py), against PyTorch's
 greedy `generate` on speech espeak-ng synthesizes in several voices and rates (slow).
 
-fp32 must equal PyTorch token for token: one sequence at a time through the step function, all
-clips at once through the loop (left-padded caches, each row's cross keys and values stacked
-beside them), from files in several formats and rates as the server decodes them, and a
-recording of two windows.
+fp32 must equal PyTorch token for token: all clips at once through the loop (left-padded caches,
+each row's cross keys and values stacked beside them) and from files in several formats and rates
+as the server decodes them. One sequence at a time, two windows, WAV and MP3 served: the task's
+own test (test_speech_recognition.py) and its gate.
 """
 
 from __future__ import annotations
@@ -132,29 +132,6 @@ def test_the_encoder_graph_gives_pytorchs_cross_keys_and_values_from_the_wavefor
     assert worst < 1e-3 * scale, f"cross keys/values differ by {worst:.2e} (largest {scale:.1f})"
 
 
-def test_step_by_step_greedy_equals_pytorch(
-    parts: dict[str, Any], clips: list[np.ndarray], references: list[list[int]]
-) -> None:
-    from ortpack.kernel.generation.whisper import SuppressTokens, prompt_ids
-
-    s = parts["settings"]
-    for clip, expected in zip(clips, references, strict=True):
-        (context,) = parts["encoder"].encode([clip])
-        tokens = (
-            parts["decoder"]
-            .greedy(
-                prompt_ids(s, language="en"),
-                200,
-                context=context,
-                rules=[SuppressTokens(s)],
-                stop=frozenset([s.end_of_text]),
-            )
-            .tolist()
-        )
-        assert tokens[-1] == s.end_of_text
-        assert tokens[:-1] == expected
-
-
 @pytest.fixture(scope="module")
 def transcriber(whisper: tuple[Any, Any, Any], parts: dict[str, Any]) -> Any:
     from ortpack.kernel.generation.engine import Generator
@@ -187,24 +164,9 @@ def test_the_loop_decodes_every_clip_at_once_as_pytorch_does_one_by_one(
         assert transcript.text == tokenizer.decode(expected, skip_special_tokens=True).strip()
 
 
-def test_a_recording_of_two_windows_is_two_segments(
-    transcriber: Any, clips: list[np.ndarray], references: list[list[int]]
-) -> None:
-    window = 30 * SAMPLE_RATE
-    recording = np.zeros(window + len(clips[2]), np.float32)
-    recording[: len(clips[0])] = clips[0]
-    recording[window:] = clips[2]
-    transcript = transcriber.transcribe(recording, language="en")
-    first, second = transcript.segments
-    assert (first.start_s, first.end_s, second.start_s) == (0.0, 30.0, 30.0)
-    assert second.end_s == pytest.approx(30 + len(clips[2]) / SAMPLE_RATE)
-    assert [list(first.tokens), list(second.tokens)] == [references[0], references[2]]
-    assert transcript.text == f"{first.text} {second.text}"
-
-
 @pytest.mark.parametrize(
     ("fmt", "rate", "channels"),
-    [("wav", 44_100, 2), ("flac", 16_000, 1), ("mp3", 44_100, 1), ("opus", 48_000, 1), ("wav", 8_000, 1)],
+    [("flac", 16_000, 1), ("mp3", 44_100, 1), ("opus", 48_000, 1), ("wav", 8_000, 1)],
 )
 def test_a_file_the_server_decodes_transcribes_as_pytorch_does_its_samples(
     transcriber: Any, whisper: tuple[Any, Any, Any], clips: list[np.ndarray], fmt: str, rate: int, channels: int
