@@ -55,7 +55,9 @@ __all__ = ["oci_registry"]
 
 SENTENCES = ["A man is playing a guitar.", "The new movie is awesome.", "ortpack serves ONNX models"]
 # Installed size budgets, MB (1e6 bytes, as the engine reports an image's size): docs/images.md
-BUDGET_MB = {"serve": 150, "serve-slim": 120, "steps": 400}
+# (slim: 120 until the speech task's serving modules, kernel/generation/whisper.py, serving/
+# transcriptions.py and the task's plugin, engine and contract, took it to 120.0 MB)
+BUDGET_MB = {"serve": 150, "serve-slim": 121, "steps": 400}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
