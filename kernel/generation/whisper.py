@@ -98,7 +98,8 @@ def whisper_settings(config: Any, generation: Any) -> WhisperSettings:
 def prompt_ids(settings: WhisperSettings, *, language: str | None = None, task: str = "transcribe") -> list[int]:
     """The decoder's prompt: start of transcript, then (multilingual models) the language and the
     task, then no timestamps. `language` is a code ("en", "de"); None on a multilingual model is
-    English here (language detection is not built yet). An English-only model takes "en" or None."""
+    English (`detect_language` finds it first where a request names none). An English-only model
+    takes "en" or None."""
     if task not in ("transcribe", "translate"):
         raise InputError(f"task must be 'transcribe' or 'translate', got {task!r}")
     ids = [settings.start_of_transcript]
@@ -117,6 +118,15 @@ def prompt_ids(settings: WhisperSettings, *, language: str | None = None, task: 
         ids.append(settings.transcribe if task == "transcribe" else settings.translate)  # type: ignore[arg-type]
     ids.append(settings.no_timestamps)
     return ids
+
+
+def detect_language(decoder: Any, settings: WhisperSettings, context: Sequence[Any]) -> str:
+    """The language of a window: the language token likeliest right after start of transcript
+    (Whisper's own detection, as transformers' `generate` and openai-whisper run it)."""
+    out = decoder.prefill([settings.start_of_transcript], context=context)
+    codes = list(settings.languages)
+    scores = out.logits[0, -1][np.array([settings.languages[c] for c in codes])]
+    return codes[int(np.argmax(scores))]
 
 
 class SuppressTokens:
@@ -195,6 +205,15 @@ class Segment:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """Windows ready for the loop: their requests, and the language they are transcribed in (the
+    request's, or the one detected on the first window; None for an English-only model)."""
+
+    language: str | None
+    requests: list[GenerationRequest]
+
+
+@dataclass(frozen=True, slots=True)
 class Transcript:
     text: str
     segments: tuple[Segment, ...]
@@ -224,17 +243,22 @@ class Transcriber:
         task: str = "transcribe",
         temperature: float = 0.0,
         logprobs: bool = False,
-    ) -> list[Any]:
+    ) -> Prepared:
         """The generation requests of windows (encoded here, one call for all), in order: greedy at
-        temperature 0 (OpenAI's default for transcriptions), else sampled at that temperature."""
+        temperature 0 (OpenAI's default for transcriptions), else sampled at that temperature. A
+        multilingual model told no language detects it on the first window, for them all (as
+        openai-whisper does for a recording)."""
+        contexts = self.encoder.encode([part.samples for part in parts])
+        if language is None and self.settings.multilingual:
+            language = detect_language(self.generator.decoder, self.settings, contexts[0])
         prompt = prompt_ids(self.settings, language=language, task=task)
         sampling = SamplingParams(temperature=temperature, logprobs=0 if logprobs else None)
         budget = self.settings.max_target_positions - len(prompt)
-        contexts = self.encoder.encode([part.samples for part in parts])
-        return [
+        requests = [
             GenerationRequest(prompt=prompt, max_tokens=budget, sampling=sampling, context=c, rules=(self.rule,))
             for c in contexts
         ]
+        return Prepared(language=language, requests=requests)
 
     def segment(self, part: Window, events: Sequence[Any]) -> Segment:
         """A window's segment from its generation events (the last one has the finish reason)."""
@@ -255,7 +279,7 @@ class Transcriber:
             text=" ".join(s.text for s in segments if s.text),
             segments=tuple(segments),
             duration_s=len(audio) / self.settings.sampling_rate,
-            language=language or ("en" if self.settings.multilingual else None),
+            language=language or (None if self.settings.multilingual else "en"),
         )
 
     def transcribe(
@@ -272,7 +296,8 @@ class Transcriber:
         import threading
 
         parts = windows(audio, self.settings)
-        requests = self.requests(parts, language=language, task=task, temperature=temperature)
+        prepared = self.requests(parts, language=language, task=task, temperature=temperature)
+        requests, language = prepared.requests, prepared.language
         done = [threading.Event() for _ in parts]
         events: list[list[Any]] = [[] for _ in parts]
 

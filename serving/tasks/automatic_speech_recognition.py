@@ -126,8 +126,9 @@ class SpeechRecognitionRuntime:
             parts = windows(samples, self.whisper)
             segments: list[Segment] = []
             step = self.windows_at_once
-            for start in range(0, len(parts), step):
-                segments += await self._decode(parts[start : start + step], form, language, task)
+            for start in range(0, len(parts), step):  # the language detected on the first window holds for all
+                language, more = await self._decode(parts[start : start + step], form, language, task)
+                segments += more
         except InputError as exc:
             raise from_input_error(exc) from None
         assert self.transcriber is not None
@@ -137,12 +138,13 @@ class SpeechRecognitionRuntime:
 
     async def _decode(
         self, parts: list[Window], form: TranscriptionForm, language: str | None, task: str
-    ) -> list[Segment]:
-        """Windows encoded (off the event loop) and decoded by the loop together; their segments."""
+    ) -> tuple[str | None, list[Segment]]:
+        """Windows encoded (off the event loop) and decoded by the loop together: their language
+        (detected when none is given) and segments."""
         transcriber, generator = self.transcriber, self.generator
         if transcriber is None or generator is None:
             raise NotReadyError("the model is not ready yet (warming up)")
-        requests = await asyncio.to_thread(
+        prepared = await asyncio.to_thread(
             transcriber.requests,
             parts,
             language=language,
@@ -152,7 +154,7 @@ class SpeechRecognitionRuntime:
         )
         streams: list[tuple[EventQueue, Any]] = []
         try:
-            for item in requests:
+            for item in prepared.requests:
                 queue = EventQueue()
                 streams.append((queue, generator.submit(item, queue.put)))
         except CacheFullError as exc:
@@ -166,7 +168,8 @@ class SpeechRecognitionRuntime:
         finished = await collect(streams)
         for events in finished:
             _check(events[-1])
-        return [transcriber.segment(part, events) for part, events in zip(parts, finished, strict=True)]
+        segments = [transcriber.segment(part, events) for part, events in zip(parts, finished, strict=True)]
+        return prepared.language, segments
 
     async def v2_payloads(self, inputs: dict[str, InferInput]) -> tuple[list[Any], list[Any]]:
         raise InputError("this model transcribes through /v1/audio/transcriptions, not the v2 infer route")

@@ -155,6 +155,30 @@ def test_a_served_file_is_pytorchs_transcript_of_the_samples_the_server_decodes(
         assert plain.text == answer.text
 
 
+def test_a_multilingual_model_detects_the_language_as_pytorch_does(
+    server: Any, torch_model: tuple[Any, Any, Any], tmp_path: Path
+) -> None:
+    """German speech with no language named: detected on the first window (the language token
+    likeliest after start of transcript), transcribed as PyTorch's `generate` does when it detects."""
+    from tests.speech import write_wav
+
+    try:
+        german = speak("Guten Morgen, wie geht es Ihnen heute? Das Wetter ist schön.", voice="de")
+    except NoSynthesizer as exc:
+        pytest.skip(str(exc))
+    data = write_wav(tmp_path / "german.wav", german).read_bytes()
+    answer = post(server, {"file": ("german.wav", data)}, {"response_format": "verbose_json"}).json()
+    assert answer["language"] == "german"
+    _, features, whisper = torch_model
+    from ortpack.components.core.exporters.speech_recognition import greedy_reference
+
+    expected = greedy_reference(whisper, features, [german], None)[0]
+    eot = whisper.generation_config.eos_token_id
+    assert answer["segments"][0]["tokens"] == [t for t in expected if t < eot]
+    named = post(server, {"file": ("german.wav", data)}, {"response_format": "verbose_json", "language": "de"}).json()
+    assert named["language"] == "german" and named["text"] == answer["text"]
+
+
 def test_every_response_format(server: Any, sentence: np.ndarray) -> None:
     data = files_of(sentence)["speech.wav"]
     text = post(server, {"file": ("a.wav", data)}).json()["text"]
