@@ -26,6 +26,7 @@ from ortpack.kernel.contracts.text_generation import (
     LOGITS_TO_KEEP,
     POSITION_IDS,
     cache_names,
+    matched_prefix,
     past_name,
     present_name,
 )
@@ -182,30 +183,24 @@ def edit_distance(reference: list[str], hypothesis: list[str]) -> int:
     return previous[-1]
 
 
-def transcript_metrics(
-    references: list[list[int]], candidates: list[list[int]], decode: Callable[[list[int]], str]
-) -> dict[str, float]:
-    """A variant's greedy transcripts (token ids, without the end of text) against PyTorch's: the
-    share equal token for token, the word error rate over all clips (words of the decoded texts),
-    and the least and mean share of each matched from the start."""
-    equal = [r == c for r, c in zip(references, candidates, strict=True)]
-    errors = sum(edit_distance(words(decode(r)), words(decode(c))) for r, c in zip(references, candidates, strict=True))
-    total = sum(len(words(decode(r))) for r in references)
-    shares = [_matched(r, c) / max(len(r), 1) for r, c in zip(references, candidates, strict=True)]
+def token_metrics(references: list[list[int]], candidates: list[list[int]]) -> dict[str, float]:
+    """Transcripts (token ids, without the end of text) against PyTorch's, token for token: the share
+    equal, and the least and mean share of each matched from the start (what the probe measures)."""
+    shares = [
+        matched_prefix(np.asarray(r), np.asarray(c)) / max(len(r), 1)
+        for r, c in zip(references, candidates, strict=True)
+    ]
     return {
-        "exact_match": float(sum(equal) / len(equal)),
-        "word_error_rate": float(errors / max(total, 1)),
+        "exact_match": float(np.mean([r == c for r, c in zip(references, candidates, strict=True)])),
         "greedy_match": float(min(shares)),
-        "mean_greedy_match": float(sum(shares) / len(shares)),
+        "mean_greedy_match": float(np.mean(shares)),
     }
 
 
-def _matched(reference: list[int], candidate: list[int]) -> int:
-    """Tokens of `candidate` equal to `reference` from the start; a candidate longer than an
-    equal reference matches it all (it went on where PyTorch stopped: counted by exact_match)."""
-    n = 0
-    for r, c in zip(reference, candidate, strict=False):
-        if r != c:
-            break
-        n += 1
-    return n
+def transcript_metrics(
+    references: list[list[int]], candidates: list[list[int]], decode: Callable[[list[int]], str]
+) -> dict[str, float]:
+    """`token_metrics`, and the word error rate over all clips (words of the decoded texts)."""
+    errors = sum(edit_distance(words(decode(r)), words(decode(c))) for r, c in zip(references, candidates, strict=True))
+    total = sum(len(words(decode(r))) for r in references)
+    return {**token_metrics(references, candidates), "word_error_rate": float(errors / max(total, 1))}

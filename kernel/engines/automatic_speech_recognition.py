@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 
 from ortpack.kernel.audio import decode_audio
-from ortpack.kernel.contracts.automatic_speech_recognition import GATE_MAX_TOKENS, SpeechRecognitionSettings
+from ortpack.kernel.contracts.automatic_speech_recognition import (
+    GATE_MAX_TOKENS,
+    SpeechRecognitionSettings,
+    token_metrics,
+)
 from ortpack.kernel.contracts.text_generation import DecoderSettings
 from ortpack.kernel.engine import EngineContext, EngineSpec, Item
 from ortpack.kernel.generation.decoder import Decoder
@@ -115,15 +119,7 @@ def probe_metrics(reference: list[Item], candidate: list[Item], _inputs: Sequenc
     """Transcripts against PyTorch's, token for token (the word error rate is gated at build time,
     where the tokenizer decodes them)."""
     refs = [item[TRANSCRIPT].tolist() for item in reference]
-    got = [item[TRANSCRIPT].tolist() for item in candidate]
-    shares = []
-    for r, c in zip(refs, got, strict=True):
-        n = next((i for i, (a, b) in enumerate(zip(r, c, strict=False)) if a != b), min(len(r), len(c)))
-        shares.append(n / max(len(r), 1))
-    return {
-        "exact_match": float(np.mean([r == c for r, c in zip(refs, got, strict=True)])),
-        "greedy_match": float(min(shares)),
-    }
+    return token_metrics(refs, [item[TRANSCRIPT].tolist() for item in candidate])
 
 
 ENGINE = EngineSpec(
